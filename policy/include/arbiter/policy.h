@@ -1,0 +1,143 @@
+// The policy engine: loads layered YAML tuning tables and decides, per call,
+// which backend and algorithm run an all-reduce.
+//
+// Thread-safety: a Policy is immutable once loaded; any number of threads
+// may call decide()/explain() concurrently. Copies share the tables.
+//
+// Errors: loading either succeeds completely or changes nothing (load()
+// returns diagnostics, load_or_throw() throws LoadError). decide() never
+// throws and never allocates.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arbiter/decision.h"
+#include "arbiter/diagnostic.h"
+#include "arbiter/request.h"
+#include "arbiter/tables.h"
+#include "arbiter/types.h"
+
+namespace arbiter {
+
+// Programmatic overrides: the last layer, above every site file.
+class Overrides {
+ public:
+  // A cap for one cell; std::nullopt writes `off` (no fusion there).
+  Overrides& fusion_cap(const CellKey& key, std::optional<std::uint64_t> bytes);
+  Overrides& oneshot_cap(const CellKey& key, std::uint64_t bytes);
+  // A whole table fragment in the site-file format; `name` is used as the
+  // file name in diagnostics and traces.
+  Overrides& yaml(std::string name, std::string text);
+
+  struct CellOverride {
+    CellKey key;
+    bool fusion = true;
+    std::optional<std::uint64_t> bytes;
+  };
+  const std::vector<CellOverride>& cells() const { return cells_; }
+  const std::vector<std::pair<std::string, std::string>>& fragments() const { return fragments_; }
+
+ private:
+  std::vector<CellOverride> cells_;
+  std::vector<std::pair<std::string, std::string>> fragments_;
+};
+
+struct LoadOptions {
+  // The embedded configs/default.yaml is the bottom layer. Turn it off only
+  // to validate a table that must stand alone.
+  bool with_default = true;
+  // Site files, applied in order (later files win).
+  std::vector<std::string> site_files;
+  // The value of ARBITER_BACKENDS (comma list), if set.
+  std::optional<std::string> backends_env;
+  Overrides overrides;
+
+  // site_files from ARBITER_CONFIG (':'-separated), backends_env from
+  // ARBITER_BACKENDS; empty variables count as unset.
+  static LoadOptions from_environment();
+};
+
+class Policy;
+struct LoadResult;
+
+namespace detail {
+struct Compiled;
+}
+
+class Policy {
+ public:
+  // Never throws for bad input; reports everything it finds.
+  static LoadResult load(const LoadOptions& options);
+  // Throws LoadError (with every diagnostic) when any error was found.
+  static Policy load_or_throw(const LoadOptions& options);
+  // The embedded defaults with ARBITER_CONFIG and ARBITER_BACKENDS applied.
+  static Policy from_environment();
+
+  // The hot path: a few nanoseconds, no allocation, no exception. The
+  // returned trace is empty.
+  Decision decide(const Request& request) const noexcept;
+  // The same decision, with every rule evaluated recorded in its trace.
+  Decision explain(const Request& request) const noexcept;
+
+  // The fused cap for this request's (capability, world size, nodes,
+  // pattern, dtype, topology), ignoring its message bytes: what vLLM's
+  // PassConfig.flashinfer_max_size() answers, used to size workspaces and
+  // split compile ranges. std::nullopt when nothing would be fused at any
+  // size (no cell, `off`, or no eligible fused backend).
+  std::optional<std::uint64_t> max_fused_bytes(const Request& request) const noexcept;
+
+  // Stable 64-bit hash of the effective tables (cells, backend rules,
+  // preference, allowed backends); origins and provenance do not count.
+  // Equal on every machine for equal tables.
+  std::uint64_t fingerprint() const noexcept;
+  std::string fingerprint_hex() const;
+
+  const Tables& tables() const;
+  const Origin& origin(std::uint16_t id) const;
+  // "default.yaml:40:5 (default)"; "-" for kNoOrigin.
+  std::string origin_text(std::uint16_t id) const;
+  // Diagnostics (warnings) found while loading.
+  const std::vector<Diagnostic>& warnings() const;
+
+  // Human rendering of an explained decision, one rule a line.
+  std::string explain_text(const Request& request, const Decision& decision) const;
+  // One JSON object: backend, algorithm, fused, reason, max_fused_bytes,
+  // cap, fingerprint, request, trace.
+  std::string decision_json(const Request& request, const Decision& decision) const;
+
+ private:
+  explicit Policy(std::shared_ptr<const detail::Compiled> impl);
+  std::shared_ptr<const detail::Compiled> impl_;
+};
+
+struct LoadResult {
+  std::optional<Policy> policy;         // empty when any error was found
+  std::vector<Diagnostic> diagnostics;  // errors and warnings, in file order
+};
+
+// A band of message sizes [first, last] over which the decision is the same.
+struct Band {
+  std::uint64_t first = 0;
+  std::uint64_t last = 0;
+  Decision decision;
+};
+
+// The decision as a function of message size for the request's other
+// fields, from `from` to `to` bytes inclusive; adjacent equal decisions are
+// merged. Exact: every size where the decision can change is a breakpoint.
+std::vector<Band> sweep(const Policy& policy, const Request& request, std::uint64_t from,
+                        std::uint64_t to);
+
+// Validates one file: alone (schema, types, conflicts within it) and, when
+// `over_default` is set, as a site layer over the embedded defaults.
+std::vector<Diagnostic> validate_file(const std::string& path, bool over_default);
+
+// The embedded configs/default.yaml.
+std::string_view embedded_default_yaml();
+
+}  // namespace arbiter

@@ -1,0 +1,52 @@
+// One all-reduce call as the policy sees it.
+#pragma once
+
+#include <cstdint>
+
+#include "arbiter/types.h"
+
+namespace arbiter {
+
+struct Request {
+  Capability capability;
+  std::uint32_t world_size = 0;
+  std::uint32_t nodes = 1;
+  // All ranks reach each other over NVLink: one NVSwitch node, or a
+  // multi-node NVLink domain (GB200/GB300 NVL72).
+  bool nvlink_domain = true;
+  // NVLink SHARP multicast objects are usable by every rank.
+  bool multicast = false;
+  Dtype dtype = Dtype::kBf16;
+  Pattern pattern = Pattern::kResidualRmsnorm;
+  // Per-rank input bytes = tokens x hidden x element size.
+  std::uint64_t message_bytes = 0;
+  // 0 means unknown; when known, trtllm two-shot needs tokens >= world_size.
+  std::uint32_t tokens = 0;
+  std::uint32_t hidden = 0;
+  // The call is being captured into a CUDA graph. Decisions never allocate,
+  // so this changes nothing today; it is part of the request so the trace
+  // and future rules can see it.
+  bool in_graph_capture = false;
+  // Bit (1 << Backend) set: the caller cannot use that backend for this call
+  // (its workspace failed to initialise, or is too small). The policy then
+  // takes its next choice.
+  std::uint32_t excluded_backends = 0;
+
+  // Fills message_bytes from tokens x hidden x element size.
+  static Request with_tokens(Capability capability, std::uint32_t world_size, std::uint32_t tokens,
+                             std::uint32_t hidden, Dtype dtype, Pattern pattern) {
+    Request r;
+    r.capability = capability;
+    r.world_size = world_size;
+    r.tokens = tokens;
+    r.hidden = hidden;
+    r.dtype = dtype;
+    r.pattern = pattern;
+    r.message_bytes = std::uint64_t{tokens} * hidden * element_size_bytes(dtype);
+    return r;
+  }
+
+  static constexpr std::uint64_t element_size_bytes(Dtype d) { return d == Dtype::kFp32 ? 4 : 2; }
+};
+
+}  // namespace arbiter

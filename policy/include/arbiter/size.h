@@ -1,0 +1,31 @@
+// Message sizes: exact integer bytes, never floating point.
+//
+// vLLM once computed 0.5 MiB as the float 524288.0 and broke an allocation;
+// here "0.5" MiB parses to the integer 524288 or fails.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "arbiter/types.h"
+
+namespace arbiter {
+
+inline constexpr std::uint64_t kKiB = 1024;
+inline constexpr std::uint64_t kMiB = 1024 * kKiB;
+inline constexpr std::uint64_t kGiB = 1024 * kMiB;
+inline constexpr std::uint64_t kTiB = 1024 * kGiB;
+// Anything above this is a typo, not a message size.
+inline constexpr std::uint64_t kMaxSizeBytes = kTiB;
+
+// Parses "64", "0.5" (a plain number is MiB), "512KiB", "64 MiB", "1GiB",
+// "4096B". The result must be a whole number of bytes in 1 .. 1 TiB.
+// With plain_is_mib == false a plain number is bytes (CLI --bytes 524288).
+Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib);
+
+// "64 MiB", "512 KiB", "1536 KiB", "3 B": the largest binary unit that
+// divides the value exactly, so the text parses back to the same bytes.
+std::string format_size(std::uint64_t bytes);
+
+}  // namespace arbiter

@@ -1,0 +1,188 @@
+// decide() and explain().
+//
+// explain() walks every rule and records it. decide() takes the same path
+// through precomputed routes: the preference walk and the algorithm rule
+// for each (capability, world size, signature) were computed at load time
+// by the very checks explain() runs, so both agree by construction (and
+// decide_test checks it exhaustively).
+#include "arbiter/policy.h"
+#include "compiled.h"
+
+namespace arbiter {
+namespace {
+
+using detail::Compiled;
+using detail::CompiledCell;
+
+void record(Decision& d, Rule rule, Backend backend, std::uint8_t verdict, std::uint16_t origin,
+            std::uint64_t value, std::uint64_t limit) {
+  d.trace.add({rule, backend, verdict, origin, value, limit});
+}
+
+void explain_algorithm(const Compiled& c, const Request& r, Backend b, Decision& d) {
+  const detail::CompiledBackend& rules = c.backends[static_cast<int>(b)];
+  const BackendRules& source = c.tables.backends[static_cast<int>(b)];
+  switch (rules.algorithm) {
+    case AlgorithmRule::kNative:
+      d.algorithm = Algorithm::kNative;
+      return;
+    case AlgorithmRule::kOneshotTable:
+      if (const CompiledCell* cell = c.oneshot.find(r)) {
+        const bool one = r.message_bytes <= cell->max_bytes;
+        d.algorithm = one ? Algorithm::kOneshot : Algorithm::kTwoshot;
+        d.oneshot_origin = cell->origin;
+        record(d, Rule::kOneshotCell, b, one, cell->origin, r.message_bytes, cell->max_bytes);
+      } else {
+        d.algorithm = c.tables.oneshot_default;
+        record(d, Rule::kOneshotDefault, b, d.algorithm == Algorithm::kOneshot,
+               c.tables.oneshot_default_origin, r.message_bytes, kNoCap);
+      }
+      break;
+    case AlgorithmRule::kThreshold: {
+      const std::uint64_t total = r.message_bytes * r.world_size;
+      const bool one = total <= rules.oneshot_max_total;
+      d.algorithm = one ? Algorithm::kOneshot : Algorithm::kTwoshot;
+      record(d, Rule::kOneshotThreshold, b, one, source.origins[BackendRules::kOneshotMaxTotal],
+             total, rules.oneshot_max_total);
+      break;
+    }
+  }
+  if (d.algorithm == Algorithm::kTwoshot && rules.twoshot_needs_tokens_ge_world_size &&
+      r.tokens != 0 && r.tokens < r.world_size) {
+    d.algorithm = Algorithm::kOneshot;
+    record(d, Rule::kTwoshotTokens, b, 1, source.origins[BackendRules::kTwoshotTokens], r.tokens,
+           r.world_size);
+  }
+}
+
+void explain_fallback(const Compiled& c, const Request& r, Reason reason, Decision& d) {
+  const int kind = static_cast<int>(r.capability.device());
+  const Backend fb = c.fallback[kind];
+  const Ineligible why = fb == Backend::kNone ? Ineligible::kNotAllowed : c.check(fb, r);
+  record(d, Rule::kFallback, fb, static_cast<std::uint8_t>(why), c.tables.fallback_origin[kind],
+         r.message_bytes, 0);
+  d.fused = false;
+  d.algorithm = Algorithm::kNative;
+  d.reason = why == Ineligible::kEligible ? reason : Reason::kNoBackend;
+  d.backend = why == Ineligible::kEligible ? fb : Backend::kNone;
+}
+
+bool valid_request(const Request& r) {
+  return r.world_size >= 2 && r.nodes >= 1 && r.nodes <= r.world_size;
+}
+
+}  // namespace
+
+// Requests the routes do not cover (invalid, backends excluded by the caller,
+// no cell for the capability and world size, nodes-keyed cells) take the rule
+// walk; kept out of line so decide() stays small.
+[[gnu::noinline]] static Decision decide_by_rules(const Policy& policy, const Request& r) {
+  Decision full = policy.explain(r);
+  full.trace.clear();
+  return full;
+}
+
+Decision Policy::explain(const Request& r) const noexcept {
+  const Compiled& c = *impl_;
+  Decision d;
+  const bool valid = valid_request(r);
+  record(d, Rule::kRequestCheck, Backend::kNone, valid, kNoOrigin, r.world_size, r.nodes);
+  if (!valid) {
+    explain_fallback(c, r, Reason::kInvalidRequest, d);
+    return d;
+  }
+  record(d, Rule::kAllowedBackends, Backend::kNone, 1, c.tables.enabled_origin, c.allowed_mask,
+         r.excluded_backends);
+  const CompiledCell* cell = c.fusion.find(r);
+  if (cell == nullptr) {
+    record(d, Rule::kFusionCell, Backend::kNone, 0, kNoOrigin, 0, kNoCap);
+    explain_fallback(c, r, Reason::kNoFusionCell, d);
+    return d;
+  }
+  d.fusion_origin = cell->origin;
+  record(d, Rule::kFusionCell, Backend::kNone, !cell->off, cell->origin, 0,
+         cell->off ? kNoCap : cell->max_bytes);
+  if (cell->off) {
+    explain_fallback(c, r, Reason::kFusionOff, d);
+    return d;
+  }
+  d.cap = cell->max_bytes;
+  const bool fits = r.message_bytes <= cell->max_bytes;  // inclusive
+  record(d, Rule::kFusedCap, Backend::kNone, fits, cell->origin, r.message_bytes, cell->max_bytes);
+  if (!fits) {
+    explain_fallback(c, r, Reason::kAboveCap, d);
+    return d;
+  }
+  const int topo = static_cast<int>(topology_of(r));
+  for (int i = 0; i < c.preference_size[topo]; ++i) {
+    const Backend b = c.preference[topo][i];
+    const Ineligible why = c.check(b, r);
+    record(d, Rule::kBackendCheck, b, static_cast<std::uint8_t>(why),
+           c.tables.preference_origin[topo], 0, 0);
+    if (why != Ineligible::kEligible) continue;
+    d.backend = b;
+    d.fused = true;
+    d.reason = Reason::kFused;
+    explain_algorithm(c, r, b, d);
+    return d;
+  }
+  explain_fallback(c, r, Reason::kNoEligibleBackend, d);
+  return d;
+}
+
+Decision Policy::decide(const Request& r) const noexcept {
+  // Everything but the message size was settled at load time per (capability,
+  // world size, signature); what is left are compares and selects, with no
+  // branch on the size (it varies call to call and would mispredict).
+  const Compiled& c = *impl_;
+  if (!valid_request(r) || r.excluded_backends != 0) [[unlikely]] {
+    return decide_by_rules(*this, r);
+  }
+  const std::uint32_t stride = c.fusion.stride;
+  const std::uint32_t shape =
+      r.world_size < stride ? c.shape_of[(r.capability.code() & 0xFF) * stride + r.world_size] : 0;
+  if (shape == 0) {
+    // No fusion entry for (capability, world size): the fallback, if it can.
+    Decision d;
+    const Backend fb = c.fallback[static_cast<int>(r.capability.device())];
+    const bool ok = fb != Backend::kNone && c.check(fb, r) == Ineligible::kEligible;
+    d.backend = ok ? fb : Backend::kNone;
+    d.reason = ok ? Reason::kNoFusionCell : Reason::kNoBackend;
+    return d;
+  }
+  const detail::Route& route =
+      c.routes[(shape - 1) * detail::kSignatureCount + detail::signature(r)];
+  if (route.scan_cells) [[unlikely]]
+    return decide_by_rules(*this, r);
+
+  const unsigned fits = r.message_bytes < route.cap_below;
+  // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
+  const unsigned few_tokens = route.twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
+  const unsigned one = (r.message_bytes < route.oneshot_below) | few_tokens;
+  const detail::Route::Outcome& o = route.outcome[fits];
+  Decision d;
+  d.backend = o.backend;
+  d.algorithm = o.algorithm[one];
+  d.fused = o.fused;
+  d.reason = o.reason;
+  d.cap = route.cap;
+  d.fusion_origin = route.fusion_origin;
+  d.oneshot_origin = o.oneshot_origin;
+  return d;
+}
+
+std::optional<std::uint64_t> Policy::max_fused_bytes(const Request& request) const noexcept {
+  const Compiled& c = *impl_;
+  if (!valid_request(request)) return std::nullopt;
+  const CompiledCell* cell = c.fusion.find(request);
+  if (cell == nullptr || cell->off) return std::nullopt;
+  const int topo = static_cast<int>(topology_of(request));
+  for (int i = 0; i < c.preference_size[topo]; ++i) {
+    if (c.check(c.preference[topo][i], request) == Ineligible::kEligible) {
+      return cell->max_bytes;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace arbiter

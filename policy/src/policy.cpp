@@ -1,0 +1,229 @@
+// Loading: read every layer, merge, validate, compile. All or nothing.
+#include "arbiter/policy.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "arbiter/size.h"
+#include "compiled.h"
+#include "merge.h"
+#include "table_layer.h"
+
+namespace arbiter {
+namespace detail {
+std::string_view default_yaml_bytes();  // generated from configs/default.yaml
+}
+
+namespace {
+
+constexpr const char* kDefaultName = "default.yaml";
+constexpr std::size_t kMaxTableFileBytes = 16 * 1024 * 1024;
+
+bool read_file(const std::string& path, std::string& out, std::vector<Diagnostic>& diagnostics) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    diagnostics.push_back({Severity::kError, path, 0, 0, "is a directory, not a table file",
+                           "give the path of a .yaml file"});
+    return false;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    diagnostics.push_back(
+        {Severity::kError, path, 0, 0, "cannot open the file", "check the path given"});
+    return false;
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  out = buffer.str();
+  if (in.bad()) {
+    diagnostics.push_back(
+        {Severity::kError, path, 0, 0, "cannot read the file", "is it a directory?"});
+    return false;
+  }
+  if (out.size() > kMaxTableFileBytes) {
+    diagnostics.push_back(
+        {Severity::kError, path, 0, 0, "the file is larger than 16 MiB; not a tuning table", ""});
+    return false;
+  }
+  return true;
+}
+
+// Typed overrides become one more layer.
+detail::TableLayer layer_from_cells(const Overrides& o) {
+  detail::TableLayer layer;
+  layer.file = "<override>";
+  layer.layer = Layer::kOverride;
+  std::uint32_t n = 0;
+  for (const Overrides::CellOverride& c : o.cells()) {
+    detail::LayerCell lc;
+    lc.cell.key = c.key;
+    lc.cell.off = !c.bytes.has_value();
+    lc.cell.max_bytes = c.bytes.value_or(0);
+    lc.pos = {++n, 0};  // the n-th override, for the trace
+    (c.fusion ? layer.fusion : layer.oneshot).push_back(lc);
+  }
+  return layer;
+}
+
+// Checks typed overrides as strictly as a file would be checked.
+void check_override_cells(const Overrides& o, std::vector<Diagnostic>& diagnostics) {
+  std::uint32_t n = 0;
+  for (const Overrides::CellOverride& c : o.cells()) {
+    ++n;
+    auto bad = [&](std::string msg) {
+      diagnostics.push_back({Severity::kError, "<override>", n, 0, std::move(msg), ""});
+    };
+    if (c.key.world_size < 2 || c.key.world_size > kMaxWorldSize) {
+      bad("world size " + std::to_string(c.key.world_size) + " is outside 2.." +
+          std::to_string(kMaxWorldSize));
+    }
+    if (c.key.nodes > c.key.world_size) bad("nodes above world size");
+    if (!c.fusion && c.key.nodes != 0) bad("one-shot cells are not keyed by nodes");
+    if (c.bytes && (*c.bytes == 0 || *c.bytes > kMaxSizeBytes)) {
+      bad("size " + std::to_string(*c.bytes) + " bytes is outside 1 B .. 1 TiB");
+    }
+    if (!c.fusion && !c.bytes) bad("one-shot cells cannot be off");
+  }
+}
+
+}  // namespace
+
+Overrides& Overrides::fusion_cap(const CellKey& key, std::optional<std::uint64_t> bytes) {
+  cells_.push_back({key, true, bytes});
+  return *this;
+}
+Overrides& Overrides::oneshot_cap(const CellKey& key, std::uint64_t bytes) {
+  cells_.push_back({key, false, bytes});
+  return *this;
+}
+Overrides& Overrides::yaml(std::string name, std::string text) {
+  fragments_.emplace_back(std::move(name), std::move(text));
+  return *this;
+}
+
+LoadOptions LoadOptions::from_environment() {
+  LoadOptions o;
+  if (const char* config = std::getenv("ARBITER_CONFIG"); config && *config) {
+    std::string_view rest = config;
+    while (!rest.empty()) {
+      const auto colon = rest.find(':');
+      if (std::string_view item = rest.substr(0, colon); !item.empty()) {
+        o.site_files.emplace_back(item);
+      }
+      if (colon == std::string_view::npos) break;
+      rest.remove_prefix(colon + 1);
+    }
+  }
+  if (const char* backends = std::getenv("ARBITER_BACKENDS"); backends && *backends) {
+    o.backends_env = backends;
+  }
+  return o;
+}
+
+std::string_view embedded_default_yaml() { return detail::default_yaml_bytes(); }
+
+Policy::Policy(std::shared_ptr<const detail::Compiled> impl) : impl_(std::move(impl)) {}
+
+LoadResult Policy::load(const LoadOptions& options) {
+  LoadResult result;
+  std::vector<detail::TableLayer> layers;
+  bool ok = true;
+  auto add = [&](std::string_view bytes, const std::string& name, Layer layer) {
+    detail::TableLayer parsed;
+    if (detail::parse_table(bytes, name, layer, parsed, result.diagnostics)) {
+      layers.push_back(std::move(parsed));
+    } else {
+      ok = false;
+    }
+  };
+  if (options.with_default) add(embedded_default_yaml(), kDefaultName, Layer::kDefault);
+  for (const std::string& path : options.site_files) {
+    std::string bytes;
+    if (read_file(path, bytes, result.diagnostics)) {
+      add(bytes, path, Layer::kSite);
+    } else {
+      ok = false;
+    }
+  }
+  for (const auto& [name, text] : options.overrides.fragments()) {
+    add(text, name, Layer::kOverride);
+  }
+  if (!options.overrides.cells().empty()) {
+    const std::size_t before = result.diagnostics.size();
+    check_override_cells(options.overrides, result.diagnostics);
+    if (result.diagnostics.size() != before) ok = false;
+    layers.push_back(layer_from_cells(options.overrides));
+  }
+  if (!ok) return result;  // all or nothing: no policy from a partial read
+  if (layers.empty()) {
+    result.diagnostics.push_back(
+        {Severity::kError, "tables", 0, 0, "no tables to load", "load the default or a file"});
+    return result;
+  }
+  auto compiled = std::make_shared<detail::Compiled>();
+  if (!detail::merge_layers(layers, options.backends_env, compiled->tables, result.diagnostics)) {
+    return result;
+  }
+  detail::compile(*compiled);
+  for (const Diagnostic& d : result.diagnostics) {
+    if (d.severity == Severity::kWarning) compiled->warnings.push_back(d);
+  }
+  result.policy = Policy(std::move(compiled));
+  return result;
+}
+
+Policy Policy::load_or_throw(const LoadOptions& options) {
+  LoadResult r = load(options);
+  if (!r.policy) throw LoadError(std::move(r.diagnostics));
+  return *std::move(r.policy);
+}
+
+Policy Policy::from_environment() { return load_or_throw(LoadOptions::from_environment()); }
+
+std::uint64_t Policy::fingerprint() const noexcept { return impl_->fingerprint; }
+
+std::string Policy::fingerprint_hex() const {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(impl_->fingerprint));
+  return buf;
+}
+
+const Tables& Policy::tables() const { return impl_->tables; }
+const Origin& Policy::origin(std::uint16_t id) const { return impl_->tables.origins.at(id); }
+const std::vector<Diagnostic>& Policy::warnings() const { return impl_->warnings; }
+
+std::string Policy::origin_text(std::uint16_t id) const {
+  if (id == kNoOrigin || id >= impl_->tables.origins.size()) return "-";
+  const Origin& o = impl_->tables.origins[id];
+  std::string s = o.file;
+  if (o.line != 0) {
+    s += ":" + std::to_string(o.line);
+    if (o.column != 0) s += ":" + std::to_string(o.column);
+  }
+  return s + " (" + std::string(layer_name(o.layer)) + ")";
+}
+
+std::vector<Diagnostic> validate_file(const std::string& path, bool over_default) {
+  std::vector<Diagnostic> diagnostics;
+  std::string bytes;
+  if (!read_file(path, bytes, diagnostics)) return diagnostics;
+  detail::TableLayer layer;
+  if (!detail::parse_table(bytes, path, Layer::kSite, layer, diagnostics)) {
+    return diagnostics;
+  }
+  std::vector<detail::TableLayer> layers;
+  if (over_default) {
+    detail::TableLayer base;
+    detail::parse_table(embedded_default_yaml(), kDefaultName, Layer::kDefault, base, diagnostics);
+    layers.push_back(std::move(base));
+  }
+  layers.push_back(std::move(layer));
+  Tables merged;
+  detail::merge_layers(layers, std::nullopt, merged, diagnostics);
+  return diagnostics;
+}
+
+}  // namespace arbiter

@@ -1,0 +1,120 @@
+#include "arbiter/size.h"
+
+#include <cctype>
+#include <string>
+
+namespace arbiter {
+namespace {
+
+struct Unit {
+  std::string_view name;
+  std::uint64_t bytes;
+};
+constexpr Unit kUnits[] = {{"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}, {"B", 1}};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
+  const std::string quoted = "'" + std::string(text) + "'";
+  auto fail = [&](std::string why) { return Parsed<std::uint64_t>{std::nullopt, std::move(why)}; };
+  std::string_view s = trim(text);
+  if (s.empty()) return fail("empty size");
+  const std::string low = lower(s);
+  if (low.find("nan") != std::string::npos || low.find("inf") != std::string::npos) {
+    return fail("size " + quoted + " is not a finite number of bytes");
+  }
+  if (s.front() == '-') return fail("size " + quoted + " is negative");
+  if (s.front() == '+') s.remove_prefix(1);
+
+  // Number: digits [. digits]
+  std::size_t i = 0;
+  unsigned __int128 mantissa = 0;
+  int int_digits = 0, frac_digits = 0;
+  bool seen_dot = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '.' && !seen_dot) {
+      seen_dot = true;
+      continue;
+    }
+    if (!std::isdigit(static_cast<unsigned char>(c))) break;
+    if (int_digits + frac_digits >= 30) {
+      return fail("size " + quoted + " has too many digits");
+    }
+    mantissa = mantissa * 10 + static_cast<unsigned>(c - '0');
+    (seen_dot ? frac_digits : int_digits)++;
+  }
+  if (int_digits + frac_digits == 0) {
+    return fail("size " + quoted + " is not a number; write e.g. 64 (MiB), 0.5, 512KiB or 1GiB");
+  }
+  std::string_view unit_text = s.substr(i);
+  if (unit_text.starts_with(' ')) unit_text.remove_prefix(1);  // "64 MiB"
+  if (!unit_text.empty() && std::isspace(static_cast<unsigned char>(unit_text.front()))) {
+    return fail("size " + quoted + " has more than one space before its unit");
+  }
+  std::uint64_t unit = plain_is_mib ? kMiB : 1;
+  if (!unit_text.empty()) {
+    bool found = false;
+    for (const Unit& u : kUnits) {
+      if (unit_text == u.name) {
+        unit = u.bytes;
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      const std::string lu = lower(unit_text);
+      std::string why = "unknown size unit '" + std::string(unit_text) + "' in " + quoted;
+      if (lu == "kb" || lu == "mb" || lu == "gb" || lu == "tb" || lu == "k" || lu == "m" ||
+          lu == "g") {
+        why += "; sizes are binary: write KiB, MiB or GiB";
+      } else if (lu.starts_with("e")) {
+        why += "; exponents are not accepted: write the size with a unit, e.g. 64MiB";
+      } else {
+        why += "; known units: B, KiB, MiB, GiB, TiB";
+      }
+      return fail(why);
+    }
+  }
+  unsigned __int128 scale = 1;
+  for (int k = 0; k < frac_digits; ++k) scale *= 10;
+  const unsigned __int128 numerator = mantissa * unit;
+  if (numerator % scale != 0) {
+    return fail("size " + quoted + " is not a whole number of bytes");
+  }
+  const unsigned __int128 bytes = numerator / scale;
+  if (bytes == 0) {
+    return fail("size " + quoted + " is zero");
+  }
+  if (bytes > kMaxSizeBytes) {
+    return fail("size " + quoted + " is above 1 TiB, which is not a plausible message size");
+  }
+  return {static_cast<std::uint64_t>(bytes), {}};
+}
+
+std::string format_size(std::uint64_t bytes) {
+  for (const Unit& u : kUnits) {
+    if (bytes >= u.bytes && bytes % u.bytes == 0) {
+      return std::to_string(bytes / u.bytes) + " " + std::string(u.name);
+    }
+  }
+  return std::to_string(bytes) + " B";
+}
+
+}  // namespace arbiter
