@@ -1,0 +1,172 @@
+#include "cli.h"
+
+#include <iostream>
+
+#include "arbiter/size.h"
+
+namespace arbiter::cli {
+
+po::variables_map parse(const Args& args, const po::options_description& desc,
+                        const po::positional_options_description* positional) {
+  po::variables_map vm;
+  try {
+    po::command_line_parser parser(args);
+    parser.options(desc).style(po::command_line_style::default_style &
+                               ~po::command_line_style::allow_guessing);
+    if (positional) parser.positional(*positional);
+    po::store(parser.run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError{e.what()};
+  }
+  return vm;
+}
+
+void add_config_option(po::options_description& desc) {
+  desc.add_options()("config", po::value<std::vector<std::string>>()->composing(),
+                     "site table layered over the default (repeatable; "
+                     "replaces ARBITER_CONFIG)");
+}
+
+std::optional<Policy> load_policy(const po::variables_map& vm) {
+  LoadOptions options = LoadOptions::from_environment();
+  if (vm.count("config")) {
+    options.site_files = vm["config"].as<std::vector<std::string>>();
+  }
+  LoadResult result = Policy::load(options);
+  for (const Diagnostic& d : result.diagnostics) {
+    std::cerr << d.to_string() << "\n";
+  }
+  return std::move(result.policy);
+}
+
+void add_request_options(po::options_description& desc, bool with_size) {
+  auto add = desc.add_options();
+  add("capability", po::value<std::string>(),
+      "SM capability: 103, 10.3, sm_103, or cpu (required)");
+  add("world-size", po::value<std::uint32_t>(), "ranks in the all-reduce (required)");
+  add("nodes", po::value<std::uint32_t>()->default_value(1), "hosts the ranks span");
+  add("nvlink-domain", po::bool_switch(), "multi-node: all ranks share one NVLink domain (MNNVL)");
+  add("no-nvlink", po::bool_switch(), "single node without NVLink peer access");
+  add("multicast", po::bool_switch(), "NVLink multicast usable on all ranks");
+  add("dtype", po::value<std::string>()->default_value("bf16"), "fp16 | bf16 | fp32");
+  add("pattern", po::value<std::string>()->default_value("residual_rmsnorm"),
+      "allreduce | residual_rmsnorm | residual_rmsnorm_fp8 | residual_rmsnorm_fp4");
+  if (with_size) {
+    add("bytes", po::value<std::string>(),
+        "per-rank message size: 524288, 512KiB, 64MiB (a plain number is bytes)");
+    add("tokens", po::value<std::uint32_t>(), "tokens in the call (with --hidden)");
+    add("hidden", po::value<std::uint32_t>(), "hidden size (with --tokens)");
+  }
+}
+
+std::uint64_t size_flag(const std::string& flag, const std::string& text) {
+  Parsed<std::uint64_t> s = parse_size(text, /*plain_is_mib=*/false);
+  if (!s) throw UsageError{"--" + flag + ": " + s.error};
+  return *s.value;
+}
+
+Request read_request(const po::variables_map& vm, bool with_size) {
+  Request r;
+  if (!vm.count("capability")) throw UsageError{"--capability is required"};
+  if (!vm.count("world-size")) throw UsageError{"--world-size is required"};
+  Parsed<Capability> cap = parse_capability(vm["capability"].as<std::string>());
+  if (!cap) throw UsageError{"--capability: " + cap.error};
+  r.capability = *cap.value;
+  r.world_size = vm["world-size"].as<std::uint32_t>();
+  if (r.world_size < 2) {
+    throw UsageError{"--world-size " + std::to_string(r.world_size) +
+                     ": an all-reduce needs at least 2 ranks"};
+  }
+  r.nodes = vm["nodes"].as<std::uint32_t>();
+  if (r.nodes < 1 || r.nodes > r.world_size) {
+    throw UsageError{"--nodes " + std::to_string(r.nodes) +
+                     " must be between 1 and the world size " + std::to_string(r.world_size)};
+  }
+  const bool domain = vm["nvlink-domain"].as<bool>();
+  const bool no_nvlink = vm["no-nvlink"].as<bool>();
+  if (domain && no_nvlink) {
+    throw UsageError{"--nvlink-domain and --no-nvlink contradict each other"};
+  }
+  // One node: NVLink is assumed unless --no-nvlink. Across nodes: only with
+  // --nvlink-domain.
+  r.nvlink_domain = r.nodes == 1 ? !no_nvlink : domain;
+  r.multicast = vm["multicast"].as<bool>();
+  Parsed<Dtype> dtype = parse_dtype(vm["dtype"].as<std::string>());
+  if (!dtype) throw UsageError{"--dtype: " + dtype.error};
+  r.dtype = *dtype.value;
+  Parsed<Pattern> pattern = parse_pattern(vm["pattern"].as<std::string>());
+  if (!pattern) throw UsageError{"--pattern: " + pattern.error};
+  r.pattern = *pattern.value;
+  if (!with_size) return r;
+
+  const bool bytes = vm.count("bytes") > 0;
+  const bool tokens = vm.count("tokens") > 0;
+  const bool hidden = vm.count("hidden") > 0;
+  if (bytes && (tokens || hidden)) {
+    throw UsageError{"give either --bytes or --tokens with --hidden, not both"};
+  }
+  if (bytes) {
+    r.message_bytes = size_flag("bytes", vm["bytes"].as<std::string>());
+  } else if (tokens && hidden) {
+    r.tokens = vm["tokens"].as<std::uint32_t>();
+    r.hidden = vm["hidden"].as<std::uint32_t>();
+    if (r.tokens == 0 || r.hidden == 0) throw UsageError{"--tokens and --hidden must be positive"};
+    r.message_bytes = std::uint64_t{r.tokens} * r.hidden * element_size(r.dtype);
+  } else {
+    throw UsageError{"give the message size: --bytes SIZE, or --tokens T --hidden H"};
+  }
+  return r;
+}
+
+std::string describe_topology(const Request& r) {
+  std::string s = "capability " + capability_name(r.capability) + ", world size " +
+                  std::to_string(r.world_size) + ", " + std::to_string(r.nodes) +
+                  (r.nodes == 1 ? " node" : " nodes");
+  if (!r.capability.is_cpu()) {
+    s += r.nvlink_domain ? ", NVLink" : ", no NVLink";
+    if (r.multicast) s += ", multicast";
+  }
+  s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern));
+  return s;
+}
+
+std::string decision_summary(const Decision& d) {
+  if (d.backend == Backend::kNone) return "no backend";
+  std::string s = std::string(backend_name(d.backend)) + " " +
+                  std::string(algorithm_name(d.algorithm)) + (d.fused ? " fused" : " unfused");
+  switch (d.reason) {
+    case Reason::kFused:
+      break;
+    case Reason::kNoFusionCell:
+      s += " (no fusion entry)";
+      break;
+    case Reason::kFusionOff:
+      s += " (fusion off)";
+      break;
+    case Reason::kAboveCap:
+      s += " (above the cap)";
+      break;
+    case Reason::kNoEligibleBackend:
+      s += " (no eligible fused backend)";
+      break;
+    case Reason::kNoBackend:
+      s += " (fallback unavailable)";
+      break;
+    case Reason::kInvalidRequest:
+      s += " (invalid request)";
+      break;
+  }
+  return s;
+}
+
+std::string band_text(std::uint64_t first, std::uint64_t last, std::uint64_t from,
+                      std::uint64_t to) {
+  if (first == last) return "bytes = " + format_size(first);
+  if (first <= from && last >= to) return "all sizes";
+  if (first <= from) return "bytes <= " + format_size(last);
+  if (last >= to) return "bytes > " + format_size(first - 1);
+  return format_size(first - 1) + " < bytes <= " + format_size(last);
+}
+
+}  // namespace arbiter::cli

@@ -1,0 +1,67 @@
+// Pieces every `arbiter` subcommand shares: exit codes, option parsing
+// helpers, loading the policy from --config / the environment, and reading
+// a Request from the command line.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arbiter/policy.h"
+
+namespace arbiter::cli {
+
+namespace po = boost::program_options;
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;  // invalid table, decisions differ, ...
+inline constexpr int kExitUsage = 2;   // bad flags, unreadable input
+
+// Thrown for bad command lines; main() prints it and exits 2.
+struct UsageError {
+  std::string message;
+};
+
+using Args = std::vector<std::string>;
+
+// Parses args against desc (+ positionals). Throws UsageError.
+po::variables_map parse(const Args& args, const po::options_description& desc,
+                        const po::positional_options_description* positional = nullptr);
+
+// Adds --config FILE... (repeatable).
+void add_config_option(po::options_description& desc);
+
+// Loads default <- (--config files, else ARBITER_CONFIG) with
+// ARBITER_BACKENDS. Prints diagnostics to stderr; nullopt on errors.
+std::optional<Policy> load_policy(const po::variables_map& vm);
+
+// Adds the request flags: --capability, --world-size, --nodes,
+// --nvlink-domain, --no-nvlink, --multicast, --dtype, --pattern, and when
+// with_size, --bytes / --tokens / --hidden.
+void add_request_options(po::options_description& desc, bool with_size);
+
+// Builds the Request; throws UsageError naming the flag at fault.
+Request read_request(const po::variables_map& vm, bool with_size);
+
+// "capability 103, world size 16, nodes 4, NVLink domain, multicast, bf16, ..."
+std::string describe_topology(const Request& r);
+
+// Parses a size flag; a plain number is bytes. Throws UsageError.
+std::uint64_t size_flag(const std::string& flag, const std::string& text);
+
+// "mnnvl twoshot fused (cap 64 MiB)" or "nccl native unfused (above cap)".
+std::string decision_summary(const Decision& d);
+
+// "bytes <= 64 KiB", "64 KiB < bytes <= 64 MiB", "bytes > 64 MiB": the band
+// [first, last] within a sweep over [from, to].
+std::string band_text(std::uint64_t first, std::uint64_t last, std::uint64_t from,
+                      std::uint64_t to);
+
+int cmd_decide(const Args& args);
+int cmd_validate(const Args& args);
+int cmd_show(const Args& args);
+int cmd_sweep(const Args& args);
+int cmd_diff(const Args& args);
+
+}  // namespace arbiter::cli

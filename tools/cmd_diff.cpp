@@ -1,0 +1,172 @@
+// arbiter diff: which decisions differ between two tables, in words a
+// reviewer of a table change can read.
+//
+// Every decision depends on (capability, world size, nodes, pattern, dtype,
+// topology, size). The capabilities and world sizes worth visiting are those
+// with a cell in either table (any other falls back in both); nodes are 1,
+// every nodes key in a cell, and one multi-node count that no cell names
+// (all such counts decide alike). Within each, sizes are compared band by
+// band, so the comparison is exact, not sampled.
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "arbiter/size.h"
+#include "cli.h"
+
+namespace arbiter::cli {
+namespace {
+
+struct Difference {
+  std::uint64_t first, last;
+  Decision a, b;
+};
+
+std::vector<Difference> compare(const Policy& a, const Policy& b, const Request& r,
+                                std::uint64_t to) {
+  std::vector<Band> ba = sweep(a, r, 1, to), bb = sweep(b, r, 1, to);
+  std::vector<Difference> out;
+  std::size_t i = 0, j = 0;
+  std::uint64_t first = 1;
+  while (i < ba.size() && j < bb.size()) {
+    const std::uint64_t last = std::min(ba[i].last, bb[j].last);
+    const Decision& da = ba[i].decision;
+    const Decision& db = bb[j].decision;
+    if (!da.same_choice(db)) {
+      if (!out.empty() && out.back().last + 1 == first && out.back().a.same_choice(da) &&
+          out.back().b.same_choice(db)) {
+        out.back().last = last;
+      } else {
+        out.push_back({first, last, da, db});
+      }
+    }
+    if (ba[i].last == last) ++i;
+    if (bb[j].last == last) ++j;
+    first = last + 1;
+  }
+  return out;
+}
+
+std::string describe(const std::vector<Difference>& diffs, std::uint64_t to) {
+  std::string s;
+  for (const Difference& d : diffs) {
+    s += "    " + band_text(d.first, d.last, 1, to) + ": " + decision_summary(d.a) + "  ->  " +
+         decision_summary(d.b) + "\n";
+  }
+  return s;
+}
+
+std::string names_text(const std::set<int>& items, int count, bool pattern) {
+  if (static_cast<int>(items.size()) == count) return pattern ? "all patterns" : "all dtypes";
+  std::string s;
+  for (int i : items) {
+    if (!s.empty()) s += ", ";
+    s += pattern ? pattern_name(static_cast<Pattern>(i)) : dtype_name(static_cast<Dtype>(i));
+  }
+  return s;
+}
+
+}  // namespace
+
+int cmd_diff(const Args& args) {
+  po::options_description desc("arbiter diff options");
+  desc.add_options()("file", po::value<std::vector<std::string>>(), "A.yaml B.yaml")(
+      "standalone", po::bool_switch(),
+      "read A and B as complete tables, not as site layers over the default")("help,h",
+                                                                              "this help");
+  po::positional_options_description positional;
+  positional.add("file", 2);
+  po::variables_map vm = parse(args, desc, &positional);
+  if (vm.count("help")) {
+    std::cout << "usage: arbiter diff A.yaml B.yaml\n"
+                 "exit 0: no decision differs; 1: some do; 2: error\n\n"
+              << desc;
+    return kExitOk;
+  }
+  if (!vm.count("file") || vm["file"].as<std::vector<std::string>>().size() != 2) {
+    throw UsageError{"give exactly two table files"};
+  }
+  const auto files = vm["file"].as<std::vector<std::string>>();
+  std::optional<Policy> policies[2];
+  for (int k = 0; k < 2; ++k) {
+    LoadOptions options;
+    options.with_default = !vm["standalone"].as<bool>();
+    options.site_files = {files[k]};
+    LoadResult r = Policy::load(options);
+    for (const Diagnostic& d : r.diagnostics) std::cerr << d.to_string() << "\n";
+    if (!r.policy) return kExitUsage;
+    policies[k] = std::move(r.policy);
+  }
+  const Policy& a = *policies[0];
+  const Policy& b = *policies[1];
+
+  std::set<std::pair<std::uint16_t, std::uint32_t>> shapes;  // (capability, ws)
+  std::set<std::uint32_t> keyed_nodes;
+  for (const Policy* p : {&a, &b}) {
+    for (const auto* cells : {&p->tables().fusion, &p->tables().oneshot}) {
+      for (const Cell& c : *cells) {
+        shapes.insert({c.key.capability.code(), c.key.world_size});
+        if (c.key.nodes > 1) keyed_nodes.insert(c.key.nodes);
+      }
+    }
+  }
+  const std::uint64_t to = kMaxSizeBytes;
+  int differing = 0;
+  for (auto [code, ws] : shapes) {
+    const Capability cap = code == 0 ? Capability::cpu() : Capability::sm(code);
+    std::vector<std::uint32_t> node_counts = {1};
+    if (!cap.is_cpu()) {
+      for (std::uint32_t n : keyed_nodes) {
+        if (n <= ws) node_counts.push_back(n);
+      }
+      for (std::uint32_t n = 2; n <= ws; ++n) {
+        if (!keyed_nodes.count(n)) {
+          node_counts.push_back(n);  // stands for every unkeyed multi-node count
+          break;
+        }
+      }
+    }
+    for (std::uint32_t nodes : node_counts) {
+      // Same differences -> the (pattern, dtype) pairs that share them.
+      std::map<std::string, std::map<int, std::set<int>>> groups;
+      for (int pt = 0; pt < kPatternCount; ++pt) {
+        for (int dt = 0; dt < kDtypeCount; ++dt) {
+          Request r;
+          r.capability = cap;
+          r.world_size = ws;
+          r.nodes = nodes;
+          r.nvlink_domain = true;
+          r.multicast = nodes > 1;
+          r.pattern = static_cast<Pattern>(pt);
+          r.dtype = static_cast<Dtype>(dt);
+          const std::vector<Difference> diffs = compare(a, b, r, to);
+          if (!diffs.empty()) groups[describe(diffs, to)][pt].insert(dt);
+        }
+      }
+      for (const auto& [text, by_pattern] : groups) {
+        // Collapse patterns that share the same dtype set.
+        std::map<std::set<int>, std::set<int>> by_dtypes;
+        for (const auto& [pt, dts] : by_pattern) by_dtypes[dts].insert(pt);
+        for (const auto& [dts, pts] : by_dtypes) {
+          ++differing;
+          std::cout << "capability " << capability_name(cap) << ", world size " << ws << ", "
+                    << nodes << (nodes == 1 ? " node" : " nodes")
+                    << (nodes > 1 ? " (NVLink domain, multicast)" : "") << ", "
+                    << names_text(pts, kPatternCount, true) << ", "
+                    << names_text(dts, kDtypeCount, false) << ":\n"
+                    << text;
+        }
+      }
+    }
+  }
+  if (differing == 0) {
+    std::cout << "no decision differs between " << files[0] << " and " << files[1] << "\n";
+    return kExitOk;
+  }
+  std::cout << differing << " group(s) of decisions differ (" << files[0] << " -> " << files[1]
+            << ")\n";
+  return kExitFailed;
+}
+
+}  // namespace arbiter::cli

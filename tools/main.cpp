@@ -1,0 +1,53 @@
+// arbiter: decide, validate, show, sweep and diff all-reduce tuning tables.
+#include <iostream>
+#include <string>
+
+#include "cli.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: arbiter COMMAND [OPTIONS]\n"
+    "\n"
+    "commands:\n"
+    "  decide    the decision for one call (--explain, --json)\n"
+    "  validate  check table files: exit 0 valid, 1 invalid, 2 usage error\n"
+    "  show      the effective tables as capability x world size grids\n"
+    "  sweep     the decision as a function of message size\n"
+    "  diff      which decisions differ between two tables\n"
+    "\n"
+    "Run `arbiter COMMAND --help` for a command's options.\n"
+    "Environment: ARBITER_CONFIG (site tables, ':'-separated),\n"
+    "             ARBITER_BACKENDS (comma list restricting the backends).\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace arbiter::cli;
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return kExitUsage;
+  }
+  const std::string command = argv[1];
+  const Args args(argv + 2, argv + argc);
+  try {
+    if (command == "decide") return cmd_decide(args);
+    if (command == "validate") return cmd_validate(args);
+    if (command == "show") return cmd_show(args);
+    if (command == "sweep") return cmd_sweep(args);
+    if (command == "diff") return cmd_diff(args);
+    if (command == "--help" || command == "-h" || command == "help") {
+      std::cout << kUsage;
+      return kExitOk;
+    }
+    std::cerr << "arbiter: unknown command '" << command << "'\n\n" << kUsage;
+    return kExitUsage;
+  } catch (const UsageError& e) {
+    std::cerr << "arbiter " << command << ": " << e.message << "\n"
+              << "Run `arbiter " << command << " --help` for usage.\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "arbiter " << command << ": error: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
