@@ -1,0 +1,237 @@
+// Layers: embedded default <- site files <- overrides; partial site files;
+// most specific cell wins; conflicts rejected; fingerprint semantics.
+#define BOOST_TEST_MODULE policy_layers
+#include <boost/test/unit_test.hpp>
+
+#include "print.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "arbiter/policy.h"
+#include "arbiter/size.h"
+
+using namespace arbiter;
+
+namespace {
+
+LoadResult load_yaml(const std::string& text) {
+  LoadOptions o;
+  o.overrides.yaml("site.yaml", text);
+  return Policy::load(o);
+}
+
+Policy must_load(const std::string& text) {
+  LoadResult r = load_yaml(text);
+  for (const Diagnostic& d : r.diagnostics) BOOST_TEST_MESSAGE(d.to_string());
+  BOOST_REQUIRE(r.policy.has_value());
+  return *r.policy;
+}
+
+Request gb300(std::uint32_t ws, std::uint32_t nodes, Pattern pattern, std::uint64_t bytes) {
+  Request r;
+  r.capability = Capability::sm(103);
+  r.world_size = ws;
+  r.nodes = nodes;
+  r.nvlink_domain = true;
+  r.multicast = nodes > 1;
+  r.pattern = pattern;
+  r.message_bytes = bytes;
+  return r;
+}
+
+std::string messages(const std::vector<Diagnostic>& ds) {
+  std::string s;
+  for (const Diagnostic& d : ds) s += d.to_string() + "\n";
+  return s;
+}
+
+const char* kNvl72Site =
+    "format: 1\n"
+    "provenance: {source: GB300 NVL72 plain all-reduce cutoffs}\n"
+    "fusion:\n"
+    "  - {capability: 103, world_size: 16, nodes: 4, pattern: allreduce, max: 8MiB}\n"
+    "  - {capability: 103, world_size: 8, nodes: 2, pattern: allreduce, max: 64MiB}\n";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_partial_site_file_changes_only_its_cells) {
+  const Policy base = Policy::load_or_throw(LoadOptions{});
+  const Policy site = must_load(kNvl72Site);
+  // The keyed cell wins for allreduce across 4 nodes...
+  const Request r = gb300(16, 4, Pattern::kAllreduce, 8 * kMiB + 1);
+  BOOST_TEST(!site.decide(r).fused);
+  BOOST_TEST(base.decide(r).fused);
+  const Decision d = site.explain(gb300(16, 4, Pattern::kAllreduce, 8 * kMiB));
+  BOOST_TEST(d.fused);
+  BOOST_TEST(site.origin(d.fusion_origin).layer == Layer::kOverride);
+  BOOST_TEST(site.origin(d.fusion_origin).file == "site.yaml");
+  BOOST_TEST(site.origin(d.fusion_origin).line == 4u);
+  // ...other patterns keep the default 64 MiB cell, and say so.
+  const Decision other = site.explain(gb300(16, 4, Pattern::kResidualRmsnorm, 64 * kMiB));
+  BOOST_TEST(other.fused);
+  BOOST_TEST(site.origin(other.fusion_origin).layer == Layer::kDefault);
+  // ws 8 across 2 nodes: the new cell; ws 8 on one node: the default 2 MiB.
+  BOOST_TEST(site.decide(gb300(8, 2, Pattern::kAllreduce, 64 * kMiB)).backend == Backend::kMnnvl);
+  BOOST_TEST(!site.decide(gb300(8, 1, Pattern::kAllreduce, 2 * kMiB + 1)).fused);
+  BOOST_TEST(site.decide(gb300(8, 1, Pattern::kAllreduce, 2 * kMiB)).backend == Backend::kTrtllm);
+}
+
+BOOST_AUTO_TEST_CASE(the_trace_names_the_layer_of_every_cell_used) {
+  const Policy site = must_load(kNvl72Site);
+  const Request r = gb300(16, 4, Pattern::kAllreduce, kMiB);
+  const std::string text = site.explain_text(r, site.explain(r));
+  BOOST_TEST(text.find("site.yaml:4:5 (override)") != std::string::npos, text);
+  BOOST_TEST(text.find("default.yaml") != std::string::npos, text);
+}
+
+BOOST_AUTO_TEST_CASE(site_files_on_disk_are_a_site_layer_and_later_files_win) {
+  const std::string a = "layers_test_a.yaml", b = "layers_test_b.yaml";
+  std::ofstream(a) << "format: 1\nfusion:\n  - {capability: 90, world_size: 4, max: 8}\n";
+  std::ofstream(b) << "format: 1\nfusion:\n  - {capability: 90, world_size: 4, max: 16}\n";
+  LoadOptions o;
+  o.site_files = {a, b};
+  const Policy p = Policy::load_or_throw(o);
+  Request r;
+  r.capability = Capability::sm(90);
+  r.world_size = 4;
+  r.message_bytes = 16 * kMiB;
+  const Decision d = p.decide(r);
+  BOOST_TEST(d.fused);
+  BOOST_TEST(p.origin(d.fusion_origin).file == b);
+  BOOST_TEST(p.origin(d.fusion_origin).layer == Layer::kSite);
+  // An override beats both.
+  CellKey key;
+  key.capability = Capability::sm(90);
+  key.world_size = 4;
+  o.overrides.fusion_cap(key, 4 * kMiB);
+  const Policy q = Policy::load_or_throw(o);
+  BOOST_TEST(q.decide(r).cap == 4 * kMiB);
+  BOOST_TEST(q.origin(q.decide(r).fusion_origin).layer == Layer::kOverride);
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
+BOOST_AUTO_TEST_CASE(off_disables_a_default_cell) {
+  const Policy p =
+      must_load("format: 1\nfusion:\n  - {capability: 100, world_size: 4, max: off}\n");
+  Request r;
+  r.capability = Capability::sm(100);
+  r.world_size = 4;
+  r.message_bytes = 1;
+  BOOST_TEST(p.decide(r).reason == Reason::kFusionOff);
+  BOOST_TEST(!p.max_fused_bytes(r).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(equally_specific_conflicting_cells_are_rejected) {
+  LoadResult r = load_yaml(
+      "format: 1\nfusion:\n"
+      "  - {capability: 103, world_size: 16, nodes: 4, max: 8MiB}\n"
+      "  - {capability: 103, world_size: 16, pattern: allreduce, max: 16MiB}\n");
+  BOOST_TEST(!r.policy.has_value());
+  const std::string m = messages(r.diagnostics);
+  BOOST_TEST(m.find("site.yaml:4:5: error:") != std::string::npos, m);
+  BOOST_TEST(m.find("conflicts with the equally specific cell") != std::string::npos, m);
+  // The same two cells with the same value do not conflict.
+  BOOST_TEST(load_yaml("format: 1\nfusion:\n"
+                       "  - {capability: 103, world_size: 16, nodes: 4, max: 8MiB}\n"
+                       "  - {capability: 103, world_size: 16, pattern: allreduce, max: 8MiB}\n")
+                 .policy.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(a_conflict_with_the_default_names_both_places) {
+  // The default has no nodes-keyed cells; build the conflict in two layers.
+  LoadOptions o;
+  o.overrides.yaml(
+      "a.yaml", "format: 1\nfusion:\n  - {capability: 103, world_size: 16, nodes: 4, max: 8MiB}\n");
+  o.overrides.yaml(
+      "b.yaml",
+      "format: 1\nfusion:\n  - {capability: 103, world_size: 16, dtype: bf16, max: 4MiB}\n");
+  LoadResult r = Policy::load(o);
+  BOOST_TEST(!r.policy.has_value());
+  const std::string m = messages(r.diagnostics);
+  BOOST_TEST(m.find("b.yaml:3:5: error:") != std::string::npos, m);
+  BOOST_TEST(m.find("at a.yaml:3") != std::string::npos, m);
+}
+
+BOOST_AUTO_TEST_CASE(loading_is_all_or_nothing) {
+  // One good file and one bad: no policy at all, and the error names the bad.
+  LoadOptions o;
+  o.overrides.yaml("good.yaml", kNvl72Site);
+  o.overrides.yaml("bad.yaml",
+                   "format: 1\nfusion:\n  - {capability: 103, world_size: 1, max: 1}\n");
+  LoadResult r = Policy::load(o);
+  BOOST_TEST(!r.policy.has_value());
+  BOOST_TEST(messages(r.diagnostics).find("bad.yaml:3:35: error: world size 1 is below 2") !=
+                 std::string::npos,
+             messages(r.diagnostics));
+  BOOST_CHECK_THROW(Policy::load_or_throw(o), LoadError);
+}
+
+BOOST_AUTO_TEST_CASE(missing_files_fail_the_load) {
+  LoadOptions o;
+  o.site_files = {"/nonexistent/site.yaml"};
+  LoadResult r = Policy::load(o);
+  BOOST_TEST(!r.policy.has_value());
+  BOOST_TEST(messages(r.diagnostics).find("/nonexistent/site.yaml: error: cannot open") !=
+             std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(arbiter_backends_restricts_and_rejects_unknown_names) {
+  LoadOptions o;
+  o.backends_env = "trtllm,nccl";
+  const Policy p = Policy::load_or_throw(o);
+  BOOST_TEST(p.tables().allowed_mask == ((1u << 0) | (1u << 2)));
+  o.backends_env = "trtllm,ncl";
+  LoadResult r = Policy::load(o);
+  BOOST_TEST(!r.policy.has_value());
+  const std::string m = messages(r.diagnostics);
+  BOOST_TEST(m.find("ARBITER_BACKENDS: error: unknown backend 'ncl'") != std::string::npos, m);
+  BOOST_TEST(m.find("did you mean 'nccl'") != std::string::npos, m);
+  o.backends_env = "trtllm,,nccl";
+  BOOST_TEST(!Policy::load(o).policy.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(disabling_the_fallback_leaves_no_backend_rather_than_crashing) {
+  LoadOptions o;
+  o.backends_env = "trtllm";
+  const Policy p = Policy::load_or_throw(o);
+  Request r;
+  r.capability = Capability::sm(90);
+  r.world_size = 8;
+  r.message_bytes = kGiB;
+  const Decision d = p.explain(r);
+  BOOST_TEST(d.backend == Backend::kNone);
+  BOOST_TEST(d.reason == Reason::kNoBackend);
+  BOOST_TEST(p.explain_text(r, d).find("no backend") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(fingerprint_changes_when_and_only_when_a_cell_changes) {
+  const Policy base = Policy::load_or_throw(LoadOptions{});
+  // The same tables, reached differently: equal fingerprints.
+  const Policy same = must_load(
+      "format: 1\nprovenance: {source: a rerun}\nfusion:\n"
+      "  - {capability: 90, world_size: 4, max: 2MiB}\n");
+  BOOST_TEST(same.fingerprint() == base.fingerprint());
+  BOOST_TEST(Policy::load_or_throw(LoadOptions{}).fingerprint() == base.fingerprint());
+  // One cell changed by one byte: different.
+  const Policy changed = must_load(
+      "format: 1\nfusion:\n"
+      "  - {capability: 90, world_size: 4, max: 2097153B}\n");
+  BOOST_TEST(changed.fingerprint() != base.fingerprint());
+  // A one-shot cell, a backend rule, the allowed set: all count.
+  BOOST_TEST(must_load("format: 1\noneshot: {cells: [{capability: 90, world_size: 4, max: 1}]}\n")
+                 .fingerprint() != base.fingerprint());
+  BOOST_TEST(must_load("format: 1\nbackends: {mnnvl: {oneshot_max_total: 2MiB}}\n").fingerprint() !=
+             base.fingerprint());
+  LoadOptions o;
+  o.backends_env = "trtllm,nccl";
+  BOOST_TEST(Policy::load_or_throw(o).fingerprint() != base.fingerprint());
+  // Stable across processes and machines: a fixed value for the default.
+  BOOST_TEST(base.fingerprint_hex().size() == 16u);
+}
+
+BOOST_AUTO_TEST_CASE(an_embedded_default_program_decides_with_no_files) {
+  BOOST_TEST(!embedded_default_yaml().empty());
+  BOOST_TEST(embedded_default_yaml().find("format: 1") != std::string_view::npos);
+}

@@ -1,0 +1,203 @@
+// The arbiter program as operators and scripts use it: decide (text,
+// --explain, --json), show, sweep, diff, the environment, and exit codes.
+#define BOOST_TEST_MODULE tools_cli
+#include <boost/test/unit_test.hpp>
+
+#include <fstream>
+
+#include "json.h"
+#include "run_command.h"
+
+using namespace arbiter::test;
+
+namespace {
+
+CommandResult run_arbiter(const std::string& args) { return run_command(arbiter_command(args)); }
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+const std::string kNvl72 =
+    "decide --capability 103 --world-size 16 --nodes 4 --nvlink-domain --multicast ";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(decide_json_has_the_documented_keys) {
+  const CommandResult r = run_arbiter(kNvl72 + "--bytes 64MiB --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  const Json j = JsonReader::parse(r.output);
+  BOOST_TEST(j["backend"].string == "mnnvl");
+  BOOST_TEST(j["algorithm"].string == "twoshot");
+  BOOST_TEST((j["fused"].kind == Json::Kind::kBool && j["fused"].boolean));
+  BOOST_TEST(j["max_fused_bytes"].is_integer());
+  BOOST_TEST(j["max_fused_bytes"].number == "67108864");
+  BOOST_TEST((j["trace"].kind == Json::Kind::kArray && j["trace"].array.size() >= 4));
+  for (const Json& step : j["trace"].array) {
+    BOOST_TEST(step.has("rule"));
+    BOOST_TEST(step.has("text"));
+    BOOST_TEST(step.has("origin"));
+  }
+  // The fusion cell's origin names the embedded file and its layer.
+  bool saw_cell = false;
+  for (const Json& step : j["trace"].array) {
+    if (step["rule"].string != "fusion_cell") continue;
+    saw_cell = true;
+    BOOST_TEST(step["origin"]["file"].string == "default.yaml");
+    BOOST_TEST(step["origin"]["layer"].string == "default");
+    BOOST_TEST(step["origin"]["line"].is_integer());
+  }
+  BOOST_TEST(saw_cell);
+}
+
+BOOST_AUTO_TEST_CASE(half_a_mib_is_the_integer_524288_in_json) {
+  const CommandResult r =
+      run_arbiter("decide --capability 90 --world-size 8 --bytes 0.5MiB --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  const Json j = JsonReader::parse(r.output);
+  BOOST_TEST(j["max_fused_bytes"].number == "524288");
+  BOOST_TEST(j["cap"].number == "524288");
+  BOOST_TEST(j["request"]["bytes"].number == "524288");
+  BOOST_TEST(j["fused"].boolean);
+  const Json above = JsonReader::parse(
+      run_arbiter("decide --capability 90 --world-size 8 --bytes 524289 --json").output);
+  BOOST_TEST(!above["fused"].boolean);
+  BOOST_TEST(above["backend"].string == "nccl");
+}
+
+BOOST_AUTO_TEST_CASE(uncovered_world_sizes_print_null_max_fused_bytes) {
+  const CommandResult r = run_arbiter(
+      "decide --capability 90 --world-size 16 --nodes 4 "
+      "--nvlink-domain --multicast --bytes 1KiB --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  const Json j = JsonReader::parse(r.output);
+  BOOST_TEST((j["max_fused_bytes"].kind == Json::Kind::kNull));
+  BOOST_TEST(j["reason"].string == "no_fusion_cell");
+  BOOST_TEST(j["backend"].string == "nccl");
+}
+
+BOOST_AUTO_TEST_CASE(explain_prints_the_reason_for_a_fallback) {
+  const CommandResult r = run_arbiter(
+      "decide --capability 90 --world-size 16 --nodes 4 "
+      "--nvlink-domain --multicast --bytes 1KiB --explain");
+  BOOST_TEST(r.exit_code == 0);
+  BOOST_TEST(contains(r.output, "no fusion entry for capability 90, world size 16"), r.output);
+  BOOST_TEST(contains(r.output, "fallback: nccl"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(capability_spellings_decide_alike) {
+  const std::string want =
+      run_arbiter("decide --capability 103 --world-size 8 --bytes 1MiB").output;
+  BOOST_TEST(contains(want, "trtllm oneshot fused"), want);
+  for (const char* spelling : {"10.3", "sm_103", "sm103"}) {
+    BOOST_TEST(
+        run_arbiter(std::string("decide --capability ") + spelling + " --world-size 8 --bytes 1MiB")
+            .output == want);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(tokens_and_hidden_give_the_size_and_the_token_count) {
+  // 1 token x 40 MiB at ws 2 on 90: above the 32 MiB one-shot cap, but two-shot
+  // needs 2 tokens: it stays one-shot.
+  const CommandResult r = run_arbiter(
+      "decide --capability 90 --world-size 2 --tokens 1 --hidden 20971520 --dtype bf16 --explain");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "trtllm oneshot fused"), r.output);
+  BOOST_TEST(contains(r.output, "stays oneshot"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(bad_flags_are_usage_errors) {
+  for (const char* args :
+       {"decide --world-size 8 --bytes 1", "decide --capability 90 --bytes 1",
+        "decide --capability sm_90a --world-size 8 --bytes 1",
+        "decide --capability 90 --world-size 1 --bytes 1", "decide --capability 90 --world-size 8",
+        "decide --capability 90 --world-size 8 --bytes 1 --tokens 2 --hidden 4",
+        "decide --capability 90 --world-size 8 --bytes 64MB",
+        "decide --capability 90 --world-size 8 --bytes 1 --dtype fp8",
+        "decide --capability 90 --world-size 8 --bytes 1 --nodes 9",
+        "decide --capability 90 --world-size 8 --bytes 1 --no-nvlink --nvlink-domain",
+        "decide --capability 90 --world-size 8 --bytes 1 --frobnicate", "frobnicate", ""}) {
+    BOOST_TEST_CONTEXT(args) {
+      const CommandResult r = run_arbiter(args);
+      BOOST_TEST(r.exit_code == 2, r.output);
+      BOOST_TEST(!r.output.empty());
+    }
+  }
+  BOOST_TEST(
+      contains(run_arbiter("decide --capability 90 --world-size 8 --bytes 64MB").output, "binary"));
+}
+
+BOOST_AUTO_TEST_CASE(arbiter_backends_restricts_the_choice) {
+  const std::string cmd = "env ARBITER_BACKENDS=trtllm,nccl " + std::string(ARBITER_BIN) + " " +
+                          kNvl72 + "--bytes 1MiB";
+  CommandResult r = run_command(cmd);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "nccl native unfused"), r.output);
+  r = run_command("env ARBITER_BACKENDS=trtllm,nccll " + std::string(ARBITER_BIN) + " " + kNvl72 +
+                  "--bytes 1MiB");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "ARBITER_BACKENDS: error: unknown backend 'nccll'"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(arbiter_config_and_config_flag_apply_a_site_file) {
+  const std::string site = data_path("good/gb300_nvl72_nodes.yaml");
+  const std::string args = kNvl72 + "--pattern allreduce --bytes 9MiB";
+  BOOST_TEST(contains(run_arbiter(args).output, "mnnvl twoshot fused"));
+  CommandResult r = run_arbiter(args + " --config " + shell_quote(site));
+  BOOST_TEST(contains(r.output, "nccl native unfused"), r.output);
+  r = run_command("env ARBITER_CONFIG=" + shell_quote(site) + " " + ARBITER_BIN + " " + args);
+  BOOST_TEST(contains(r.output, "nccl native unfused"), r.output);
+  r = run_arbiter(args + " --config /nonexistent.yaml");
+  BOOST_TEST(r.exit_code == 1);
+  BOOST_TEST(contains(r.output, "/nonexistent.yaml: error: cannot open"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(show_prints_the_grids_and_marks_site_cells) {
+  CommandResult r = run_arbiter("show");
+  BOOST_TEST(r.exit_code == 0);
+  BOOST_TEST(contains(r.output, "ws=16"));
+  BOOST_TEST(contains(r.output, "fingerprint"));
+  BOOST_TEST(contains(r.output, "512 KiB"));
+  BOOST_TEST(contains(r.output, "preference multi_node: [mnnvl]"));
+  const std::string site = "cli_test_site.yaml";
+  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 90, world_size: 4, max: 3}\n";
+  r = run_arbiter("show --config " + site);
+  BOOST_TEST(contains(r.output, "3 MiB*"), r.output);
+  std::remove(site.c_str());
+}
+
+BOOST_AUTO_TEST_CASE(sweep_lists_each_band_once) {
+  const CommandResult r =
+      run_arbiter("sweep --capability 103 --world-size 16 --nodes 4 --nvlink-domain --multicast");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "bytes <= 64 KiB"), r.output);
+  BOOST_TEST(contains(r.output, "mnnvl oneshot fused"), r.output);
+  BOOST_TEST(contains(r.output, "64 KiB < bytes <= 64 MiB"), r.output);
+  BOOST_TEST(contains(r.output, "mnnvl twoshot fused"), r.output);
+  BOOST_TEST(contains(r.output, "bytes > 64 MiB"), r.output);
+  BOOST_TEST(contains(r.output, "nccl native unfused (above the cap)"), r.output);
+  // One node, capability 90, ws 8: oneshot up to 512 KiB, then NCCL.
+  const CommandResult h = run_arbiter("sweep --capability 90 --world-size 8 --to 4MiB");
+  BOOST_TEST(contains(h.output, "bytes <= 512 KiB"), h.output);
+  BOOST_TEST(contains(h.output, "bytes > 512 KiB"), h.output);
+}
+
+BOOST_AUTO_TEST_CASE(diff_reports_changed_decisions_in_words) {
+  const std::string def = std::string(ARBITER_TEST_DATA) + "/../../configs/default.yaml";
+  CommandResult r = run_arbiter("diff " + def + " " + def);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "no decision differs"));
+  r = run_arbiter("diff " + def + " " + data_path("good/gb300_nvl72_nodes.yaml"));
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "capability 103, world size 16, 4 nodes"), r.output);
+  BOOST_TEST(contains(r.output, "allreduce, all dtypes"), r.output);
+  BOOST_TEST(
+      contains(r.output, "8 MiB < bytes <= 64 MiB: mnnvl twoshot fused  ->  nccl native unfused"),
+      r.output);
+  // Other patterns did not change: no line for them.
+  BOOST_TEST(!contains(r.output, "residual_rmsnorm,"), r.output);
+  r = run_arbiter("diff " + def + " /nonexistent.yaml");
+  BOOST_TEST(r.exit_code == 2);
+  r = run_arbiter("diff " + def);
+  BOOST_TEST(r.exit_code == 2);
+}
