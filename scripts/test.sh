@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine, builds everything and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+export BOOST_TEST_COLOR_OUTPUT=no
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)"
