@@ -42,10 +42,10 @@ Request request_for(Capability cap, std::uint32_t ws, std::uint32_t sig) {
   Request r;
   r.capability = cap;
   r.world_size = ws;
-  r.pattern = static_cast<Pattern>(sig & 3u);
+  r.nvlink_domain = sig & 1u;
+  r.multicast = (sig >> 1) & 1u;
   r.dtype = static_cast<Dtype>((sig >> 2) & 3u);
-  r.nvlink_domain = (sig >> 4) & 1u;
-  r.multicast = (sig >> 5) & 1u;
+  r.pattern = static_cast<Pattern>((sig >> 4) & 3u);
   r.nodes = (sig >> 6) & 1u ? 2 : 1;
   return r;
 }
@@ -67,27 +67,26 @@ Route route_for(const Compiled& c, const Request& r, const Span& span) {
   const Backend fb = c.fallback[static_cast<int>(r.capability.device())];
   const bool fallback_ok = fb != Backend::kNone && c.check(fb, r) == Ineligible::kEligible;
   auto fallback = [&](Reason why) {
-    Route::Outcome o;
-    o.backend = fallback_ok ? fb : Backend::kNone;
-    o.reason = fallback_ok ? why : Reason::kNoBackend;
-    return o;
+    Route::Head h;
+    h.backend = fallback_ok ? fb : Backend::kNone;
+    h.reason = fallback_ok ? why : Reason::kNoBackend;
+    return h;
   };
-  route.outcome[0] = fallback(too_big);
-  route.outcome[1] = fallback(Reason::kNoEligibleBackend);
+  route.head[Route::kUnfused] = fallback(too_big);
+  // Small enough to fuse, but no preferred backend can: the fallback too.
+  route.head[Route::kFusedTwoshot] = route.head[Route::kFusedOneshot] =
+      fallback(Reason::kNoEligibleBackend);
   const int topo = static_cast<int>(topology_of(r));
   for (int i = 0; i < c.preference_size[topo]; ++i) {
     const Backend b = c.preference[topo][i];
     if (c.check(b, r) != Ineligible::kEligible) continue;
     const CompiledBackend& rules = c.backends[static_cast<int>(b)];
-    Route::Outcome& o = route.outcome[1];
-    o.backend = b;
-    o.reason = Reason::kFused;
-    o.fused = true;
-    o.algorithm = {Algorithm::kTwoshot, Algorithm::kOneshot};
+    Route::Head two{b, Algorithm::kTwoshot, true, Reason::kFused, kNoOrigin};
+    Route::Head one{b, Algorithm::kOneshot, true, Reason::kFused, kNoOrigin};
     route.twoshot_needs_tokens = rules.twoshot_needs_tokens_ge_world_size;
     switch (rules.algorithm) {
       case AlgorithmRule::kNative:
-        o.algorithm = {Algorithm::kNative, Algorithm::kNative};
+        two.algorithm = one.algorithm = Algorithm::kNative;
         break;
       case AlgorithmRule::kThreshold:
         route.oneshot_below = rules.oneshot_max_total / r.world_size + 1;
@@ -95,13 +94,15 @@ Route route_for(const Compiled& c, const Request& r, const Span& span) {
       case AlgorithmRule::kOneshotTable:
         if (const CompiledCell* cell = c.oneshot.find(r)) {
           route.oneshot_below = cell->max_bytes + 1;
-          o.oneshot_origin = cell->origin;
+          two.oneshot_origin = one.oneshot_origin = cell->origin;
         } else {
           // The table's default: everything or nothing is one-shot.
           route.oneshot_below = c.tables.oneshot_default == Algorithm::kOneshot ? kNoCap : 0;
         }
         break;
     }
+    route.head[Route::kFusedTwoshot] = two;
+    route.head[Route::kFusedOneshot] = one;
     break;
   }
   return route;

@@ -8,8 +8,19 @@
 #include "arbiter/policy.h"
 #include "compiled.h"
 
+#include <cstddef>
+#include <cstring>
+
 namespace arbiter {
 namespace {
+
+static_assert(offsetof(Decision, backend) == 0 && offsetof(Decision, algorithm) == 1 &&
+                  offsetof(Decision, fused) == 2 && offsetof(Decision, reason) == 3 &&
+                  offsetof(detail::Route::Head, backend) == 0 &&
+                  offsetof(detail::Route::Head, algorithm) == 1 &&
+                  offsetof(detail::Route::Head, fused) == 2 &&
+                  offsetof(detail::Route::Head, reason) == 3,
+              "decide() copies the first four fields of a Route::Head into a Decision");
 
 using detail::Compiled;
 using detail::CompiledCell;
@@ -138,9 +149,8 @@ Decision Policy::decide(const Request& r) const noexcept {
   if (!valid_request(r) || r.excluded_backends != 0) [[unlikely]] {
     return decide_by_rules(*this, r);
   }
-  const std::uint32_t stride = c.fusion.stride;
   const std::uint32_t shape =
-      r.world_size < stride ? c.shape_of[(r.capability.code() & 0xFF) * stride + r.world_size] : 0;
+      r.world_size < stride_ ? shape_of_[(r.capability.code() & 0xFF) * stride_ + r.world_size] : 0;
   if (shape == 0) {
     // No fusion entry for (capability, world size): the fallback, if it can.
     Decision d;
@@ -151,7 +161,7 @@ Decision Policy::decide(const Request& r) const noexcept {
     return d;
   }
   const detail::Route& route =
-      c.routes[(shape - 1) * detail::kSignatureCount + detail::signature(r)];
+      routes_[(shape - 1) * detail::kSignatureCount + detail::signature(r)];
   if (route.scan_cells) [[unlikely]]
     return decide_by_rules(*this, r);
 
@@ -159,15 +169,13 @@ Decision Policy::decide(const Request& r) const noexcept {
   // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
   const unsigned few_tokens = route.twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
   const unsigned one = (r.message_bytes < route.oneshot_below) | few_tokens;
-  const detail::Route::Outcome& o = route.outcome[fits];
+  const detail::Route::Head& h = route.head[fits + (fits & one)];
   Decision d;
-  d.backend = o.backend;
-  d.algorithm = o.algorithm[one];
-  d.fused = o.fused;
-  d.reason = o.reason;
+  // backend, algorithm, fused and reason in one 32-bit copy.
+  std::memcpy(static_cast<void*>(&d), &h, 4);
   d.cap = route.cap;
   d.fusion_origin = route.fusion_origin;
-  d.oneshot_origin = o.oneshot_origin;
+  d.oneshot_origin = h.oneshot_origin;
   return d;
 }
 

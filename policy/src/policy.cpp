@@ -125,7 +125,11 @@ LoadOptions LoadOptions::from_environment() {
 
 std::string_view embedded_default_yaml() { return detail::default_yaml_bytes(); }
 
-Policy::Policy(std::shared_ptr<const detail::Compiled> impl) : impl_(std::move(impl)) {}
+Policy::Policy(std::shared_ptr<const detail::Compiled> impl)
+    : impl_(std::move(impl)),
+      shape_of_(impl_->shape_of.data()),
+      routes_(impl_->routes.data()),
+      stride_(impl_->fusion.stride) {}
 
 LoadResult Policy::load(const LoadOptions& options) {
   LoadResult result;

@@ -67,7 +67,8 @@ struct LoadResult;
 
 namespace detail {
 struct Compiled;
-}
+struct Route;
+}  // namespace detail
 
 class Policy {
  public:
@@ -113,6 +114,11 @@ class Policy {
  private:
   explicit Policy(std::shared_ptr<const detail::Compiled> impl);
   std::shared_ptr<const detail::Compiled> impl_;
+  // Copies of the compiled lookup's addresses, so decide() reaches its route
+  // without first loading them through impl_ (one dependent load less).
+  const std::uint32_t* shape_of_ = nullptr;
+  const detail::Route* routes_ = nullptr;
+  std::uint32_t stride_ = 0;
 };
 
 struct LoadResult {
