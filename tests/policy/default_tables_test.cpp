@@ -142,18 +142,30 @@ BOOST_AUTO_TEST_CASE(two_shot_needs_as_many_tokens_as_ranks) {
 }
 
 BOOST_AUTO_TEST_CASE(cpu_ranks_get_host_backends_only) {
-  Request r;
-  r.capability = Capability::cpu();
-  r.world_size = 4;
-  r.message_bytes = 1 * kMiB;
-  Decision d = defaults().decide(r);
-  BOOST_TEST(d.backend == Backend::kShm);
-  BOOST_TEST(d.fused);
-  r.message_bytes = 1 * kMiB + 1;
-  d = defaults().decide(r);
-  BOOST_TEST(d.backend == Backend::kShm);
-  BOOST_TEST(!d.fused);
-  BOOST_TEST(d.algorithm == Algorithm::kNative);
+  for (std::uint32_t ws : {2u, 4u, 8u}) {
+    BOOST_TEST_CONTEXT("cpu ws " << ws) {
+      Request r;
+      r.capability = Capability::cpu();
+      r.world_size = ws;
+      r.message_bytes = 1 * kMiB;
+      Decision d = defaults().decide(r);
+      BOOST_TEST(d.backend == Backend::kShm);
+      BOOST_TEST(d.fused);
+      BOOST_TEST(d.cap == 1 * kMiB);
+      r.message_bytes = 1 * kMiB + 1;
+      d = defaults().decide(r);
+      BOOST_TEST(d.backend == Backend::kShm);
+      BOOST_TEST(!d.fused);
+      BOOST_TEST(d.algorithm == Algorithm::kNative);
+    }
+  }
+  // A CPU world size without a cell: the unfused shm path.
+  Request odd;
+  odd.capability = Capability::cpu();
+  odd.world_size = 3;
+  odd.message_bytes = 64;
+  BOOST_TEST(defaults().decide(odd).backend == Backend::kShm);
+  BOOST_TEST(!defaults().decide(odd).fused);
   // No GPU capability ever gets shm, whatever the size.
   for (int cap : {90, 100, 103, 107, 120}) {
     for (std::uint32_t ws : {2u, 4u, 8u, 16u}) {
