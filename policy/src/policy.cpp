@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "arbiter/size.h"
 #include "compiled.h"
@@ -31,21 +30,24 @@ bool read_file(const std::string& path, std::string& out, std::vector<Diagnostic
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    diagnostics.push_back(
-        {Severity::kError, path, 0, 0, "cannot open the file", "check the path given"});
+    diagnostics.push_back({Severity::kError, path, 0, 0, "cannot open the file",
+                           "check the path given"});
     return false;
   }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  out = buffer.str();
+  // Read at most one byte past the limit, so /dev/zero or an endless pipe
+  // ends in an error instead of filling memory.
+  out.clear();
+  char buffer[65536];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    out.append(buffer, static_cast<std::size_t>(in.gcount()));
+    if (out.size() > kMaxTableFileBytes) {
+      diagnostics.push_back({Severity::kError, path, 0, 0,
+                             "the file is larger than 16 MiB; not a tuning table", ""});
+      return false;
+    }
+  }
   if (in.bad()) {
-    diagnostics.push_back(
-        {Severity::kError, path, 0, 0, "cannot read the file", "is it a directory?"});
-    return false;
-  }
-  if (out.size() > kMaxTableFileBytes) {
-    diagnostics.push_back(
-        {Severity::kError, path, 0, 0, "the file is larger than 16 MiB; not a tuning table", ""});
+    diagnostics.push_back({Severity::kError, path, 0, 0, "cannot read the file", ""});
     return false;
   }
   return true;

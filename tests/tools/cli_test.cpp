@@ -201,3 +201,9 @@ BOOST_AUTO_TEST_CASE(diff_reports_changed_decisions_in_words) {
   r = run_arbiter("diff " + def);
   BOOST_TEST(r.exit_code == 2);
 }
+
+BOOST_AUTO_TEST_CASE(endless_input_ends_in_an_error_not_a_hang) {
+  const CommandResult r = run_command("timeout 20 " + arbiter_command("validate /dev/zero"));
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "larger than 16 MiB"), r.output);
+}
