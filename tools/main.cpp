@@ -15,10 +15,12 @@ constexpr const char* kUsage =
     "  show      the effective tables as capability x world size grids\n"
     "  sweep     the decision as a function of message size\n"
     "  diff      which decisions differ between two tables\n"
+    "  plugins   backend modules found, and available or why not (--json)\n"
     "\n"
     "Run `arbiter COMMAND --help` for a command's options.\n"
     "Environment: ARBITER_CONFIG (site tables, ':'-separated),\n"
-    "             ARBITER_BACKENDS (comma list restricting the backends).\n";
+    "             ARBITER_BACKENDS (comma list restricting the backends),\n"
+    "             ARBITER_PLUGIN_PATH (backend module folders, ':'-separated).\n";
 
 }  // namespace
 
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
     if (command == "show") return cmd_show(args);
     if (command == "sweep") return cmd_sweep(args);
     if (command == "diff") return cmd_diff(args);
+    if (command == "plugins") return cmd_plugins(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::cout << kUsage;
       return kExitOk;

@@ -3,7 +3,7 @@
 
 #include "arbiter/policy.h"
 #include "arbiter/size.h"
-#include "json_writer.h"
+#include "arbiter/json_writer.h"
 
 namespace arbiter {
 namespace {
@@ -202,7 +202,7 @@ std::string Policy::explain_text(const Request& request, const Decision& decisio
 }
 
 std::string Policy::decision_json(const Request& request, const Decision& decision) const {
-  using detail::JsonObject;
+  
   std::string out;
   JsonObject o(out);
   o.str("backend", backend_name(decision.backend));

@@ -1,11 +1,11 @@
-// Minimal JSON output: enough for decisions and traces, no dependency.
+// Minimal JSON output for decisions, traces and tool reports; no dependency.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-namespace arbiter::detail {
+namespace arbiter {
 
 inline void json_string(std::string& out, std::string_view s) {
   static const char* kHex = "0123456789abcdef";
@@ -62,4 +62,4 @@ class JsonObject {
   bool first_ = true;
 };
 
-}  // namespace arbiter::detail
+}  // namespace arbiter

@@ -1,0 +1,190 @@
+/* arbiter backend plugin ABI.
+ *
+ * A backend module is a shared library that exports one struct per ABI
+ * version it speaks, under the versioned symbol `arbiter_backend_v<N>`
+ * (e.g. `arbiter_backend_v1`). The host looks for the newest version it
+ * knows first. The structs of past versions are frozen: a new version adds a
+ * new struct, never edits an old one. Enums have explicit values and only
+ * ever grow.
+ *
+ * Plain C: fixed-width integers, opaque handles, explicit lengths, a status
+ * code plus a message. No exception or C++ type crosses this boundary; a
+ * module catches everything at its entry points.
+ *
+ * Threading: probe() may be called from any thread. A workspace is used by
+ * one thread at a time (the rank's), and run() is asynchronous on `stream`
+ * for GPU backends, synchronous for host backends. last_error() is
+ * per-thread.
+ */
+#ifndef ARBITER_BACKEND_H_
+#define ARBITER_BACKEND_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ARBITER_BACKEND_ABI_VERSION 1
+#define ARBITER_BACKEND_SYMBOL_V1 "arbiter_backend_v1"
+
+/* Status codes. */
+typedef enum arbiter_status {
+  ARBITER_OK = 0,
+  /* This call cannot run on this backend (shape, size, pattern, ...): the
+   * host tries its next choice. Nothing was changed. */
+  ARBITER_UNSUPPORTED = 1,
+  /* Bad arguments: a bug in the caller. */
+  ARBITER_INVALID_ARGUMENT = 2,
+  /* The backend cannot work here (no driver, no device, no peer access). */
+  ARBITER_UNAVAILABLE = 3,
+  /* A wait passed its deadline. */
+  ARBITER_TIMEOUT = 4,
+  /* Another rank failed, so this one did too (collective calls). */
+  ARBITER_PEER_FAILED = 5,
+  /* Anything else. */
+  ARBITER_INTERNAL = 6
+} arbiter_status;
+
+/* Values equal arbiter::Dtype, Pattern, Algorithm and DeviceKind. */
+typedef enum arbiter_dtype {
+  ARBITER_DTYPE_FP16 = 0,
+  ARBITER_DTYPE_BF16 = 1,
+  ARBITER_DTYPE_FP32 = 2
+} arbiter_dtype;
+
+typedef enum arbiter_pattern {
+  ARBITER_PATTERN_ALLREDUCE = 0,
+  ARBITER_PATTERN_RESIDUAL_RMSNORM = 1,
+  ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8 = 2,
+  ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4 = 3
+} arbiter_pattern;
+
+typedef enum arbiter_algorithm {
+  ARBITER_ALGORITHM_ONESHOT = 0,
+  ARBITER_ALGORITHM_TWOSHOT = 1,
+  ARBITER_ALGORITHM_NATIVE = 2
+} arbiter_algorithm;
+
+typedef enum arbiter_device_kind {
+  ARBITER_DEVICE_GPU = 0,
+  ARBITER_DEVICE_CPU = 1
+} arbiter_device_kind;
+
+/* Out-of-band exchange, provided by the host (UCX bootstrap, or a framework's
+ * own group such as torch.distributed). Collective: every rank of the group
+ * calls each function in the same order. Every call returns within
+ * timeout_ms (then ARBITER_TIMEOUT) and names the ranks that did not arrive
+ * in last_error(). The group must be exactly the all-reduce group. */
+typedef struct arbiter_oob {
+  void* ctx;
+  int32_t rank;
+  int32_t size;
+  /* recv holds size * bytes: rank r's `bytes` at offset r * bytes. */
+  int32_t (*allgather)(void* ctx, const void* send, void* recv, size_t bytes,
+                       int64_t timeout_ms);
+  /* buf (bytes long) of rank `root` is copied to every rank's buf. */
+  int32_t (*broadcast)(void* ctx, void* buf, size_t bytes, int32_t root,
+                       int64_t timeout_ms);
+  int32_t (*barrier)(void* ctx, int64_t timeout_ms);
+  /* Message of the last failed call on this thread; never NULL. */
+  const char* (*last_error)(void* ctx);
+} arbiter_oob;
+
+/* probe() input: which device this rank would use. */
+typedef struct arbiter_probe_args {
+  arbiter_device_kind device_kind;
+  int32_t device; /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
+} arbiter_probe_args;
+
+#define ARBITER_CAPS_SINGLE_NODE_ONLY (1u << 0)
+#define ARBITER_CAPS_NEEDS_MULTICAST (1u << 1)
+#define ARBITER_CAPS_NEEDS_NVLINK (1u << 2)
+
+/* What a module can run on this device: its admission rules. The tables can
+ * only narrow this (a table never admits a shape the module cannot run). */
+typedef struct arbiter_backend_caps {
+  arbiter_device_kind device_kind;
+  /* SM capability of the probed device (major*10+minor); 0 for CPUs. */
+  uint32_t capability;
+  /* Bit w set: world size w is supported (w < 64). */
+  uint64_t world_size_mask;
+  uint32_t dtype_mask;     /* bit arbiter_dtype */
+  uint32_t pattern_mask;   /* bit arbiter_pattern, already filtered by capability */
+  uint32_t algorithm_mask; /* bit arbiter_algorithm */
+  uint32_t flags;          /* ARBITER_CAPS_* */
+} arbiter_backend_caps;
+
+/* workspace_create() input. */
+typedef struct arbiter_workspace_spec {
+  int32_t world_size;
+  int32_t rank;
+  int32_t device; /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
+  uint32_t nodes;
+  uint32_t max_tokens;
+  uint32_t hidden;
+  arbiter_dtype dtype;
+  uint32_t pattern_mask;
+  /* The largest message the host will send (its policy's max_fused_bytes). */
+  uint64_t max_message_bytes;
+  int64_t timeout_ms; /* for every oob exchange during creation */
+} arbiter_workspace_spec;
+
+typedef struct arbiter_workspace arbiter_workspace; /* opaque, module-owned */
+
+#define ARBITER_RUN_NVFP4_LINEAR_SCALES (1u << 0) /* else 128x4 swizzled */
+#define ARBITER_RUN_PDL (1u << 1)                 /* programmatic dependent launch */
+
+/* One fused all-reduce. Buffers are device pointers for GPU backends, host
+ * pointers for host backends; all hold tokens x hidden elements of dtype
+ * unless noted. Optional outputs may be NULL. */
+typedef struct arbiter_allreduce_args {
+  arbiter_pattern pattern;
+  arbiter_dtype dtype;
+  arbiter_algorithm algorithm;
+  uint32_t tokens;
+  uint32_t hidden;
+  uint32_t flags;           /* ARBITER_RUN_* */
+  const void* input;        /* this rank's contribution */
+  void* allreduce_out;      /* the sum (required for pattern allreduce) */
+  const void* residual_in;  /* norm patterns */
+  void* residual_out;       /* norm patterns: sum + residual_in */
+  const void* gamma;        /* hidden elements of dtype */
+  float eps;
+  float weight_bias;        /* y = x * rsqrt(mean(x^2) + eps) * (gamma + weight_bias) */
+  void* norm_out;           /* optional un-quantised norm output */
+  void* quant_out;          /* FP8: 1 byte/element; NVFP4: 2 elements/byte */
+  void* scale_out;          /* NVFP4 block scale factors (e4m3) */
+  const float* scale;       /* FP8: per-tensor scale; NVFP4: global scale */
+} arbiter_allreduce_args;
+
+typedef struct arbiter_backend_v1_t {
+  uint32_t abi_version; /* ARBITER_BACKEND_ABI_VERSION (1) */
+  const char* name;     /* "shm", "nccl", ... */
+  /* Required. ARBITER_OK and caps filled, or ARBITER_UNAVAILABLE with the
+   * reason in last_error() (no driver, no device, ...). */
+  int32_t (*probe)(const arbiter_probe_args* args, arbiter_backend_caps* caps);
+  /* Required. Collective over oob. Fails on every rank when it fails on any,
+   * with the reason. */
+  int32_t (*workspace_create)(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                              arbiter_workspace** out);
+  /* Optional (NULL: unlimited). The largest message one run() may take. */
+  uint64_t (*max_message_bytes)(const arbiter_workspace* ws, arbiter_algorithm algorithm);
+  /* Required. ARBITER_UNSUPPORTED leaves everything unchanged. */
+  int32_t (*run)(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream);
+  /* Required. Collective; frees everything the workspace holds. */
+  void (*workspace_destroy)(arbiter_workspace* ws);
+  /* Required. Message of the last failure on this thread; never NULL. */
+  const char* (*last_error)(void);
+} arbiter_backend_v1_t;
+
+/* A module defines, with default visibility and C linkage:
+ *   const arbiter_backend_v1_t arbiter_backend_v1 = {...};
+ * (everything else in the module should be hidden). */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ARBITER_BACKEND_H_ */

@@ -1,0 +1,105 @@
+/* arbiter C API: the policy and the communicator for frameworks that are not
+ * C++ (Python through ctypes, Rust, Go, ...).
+ *
+ * Every function returns an arbiter_status; on failure the message is in
+ * arbiter_last_error() (per thread, valid until the next call on that
+ * thread). No function throws or aborts on bad input. Objects are opaque and
+ * freed with their _free/_destroy function.
+ */
+#ifndef ARBITER_ARBITER_H_
+#define ARBITER_ARBITER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arbiter_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct arbiter_policy arbiter_policy;
+typedef struct arbiter_comm arbiter_comm;
+
+/* Message of the last failure on this thread ("" when none). */
+const char* arbiter_last_error(void);
+
+/* The embedded default tables, layered with ARBITER_CONFIG and restricted by
+ * ARBITER_BACKENDS. */
+int32_t arbiter_policy_from_environment(arbiter_policy** out);
+/* The embedded defaults <- site_files[0..count) (in order), with
+ * backends_env as ARBITER_BACKENDS would be (NULL: unrestricted). Every
+ * problem is in the error message, one "FILE:LINE:COL: error: ..." a line. */
+int32_t arbiter_policy_load(const char* const* site_files, size_t count, const char* backends_env,
+                            arbiter_policy** out);
+void arbiter_policy_free(arbiter_policy* policy);
+
+typedef struct arbiter_request {
+  /* major*10+minor (90, 100, 103); 0 for CPU ranks. */
+  uint32_t capability;
+  uint32_t world_size;
+  uint32_t nodes;         /* 0 is read as 1 */
+  uint32_t nvlink_domain; /* bool */
+  uint32_t multicast;     /* bool */
+  arbiter_dtype dtype;
+  arbiter_pattern pattern;
+  uint64_t message_bytes; /* 0: computed from tokens x hidden x element size */
+  uint32_t tokens;        /* 0: unknown */
+  uint32_t hidden;
+} arbiter_request;
+
+/* Values of backend: 0 trtllm, 1 mnnvl, 2 nccl, 3 shm, 255 none. */
+typedef struct arbiter_decision {
+  uint32_t backend;
+  arbiter_algorithm algorithm;
+  uint32_t fused;  /* bool */
+  uint32_t reason; /* 0 fused, 1 no fusion cell, 2 off, 3 above cap, 4 no eligible
+                      backend, 5 no backend, 6 invalid request */
+  uint64_t cap;    /* UINT64_MAX when no cap applied */
+} arbiter_decision;
+
+const char* arbiter_backend_name(uint32_t backend);
+
+/* No allocation; safe from any thread. */
+int32_t arbiter_decide(const arbiter_policy* policy, const arbiter_request* request,
+                       arbiter_decision* out);
+/* *has_cap = 0 when nothing would be fused at any size. */
+int32_t arbiter_max_fused_bytes(const arbiter_policy* policy, const arbiter_request* request,
+                                uint64_t* cap, int32_t* has_cap);
+uint64_t arbiter_policy_fingerprint(const arbiter_policy* policy);
+/* The explained decision as text (json = 0) or one JSON object (json = 1),
+ * NUL-terminated into buf; *needed gets the size required (with the NUL).
+ * Returns ARBITER_INVALID_ARGUMENT, with *needed set, when buf is too small. */
+int32_t arbiter_explain(const arbiter_policy* policy, const arbiter_request* request, int32_t json,
+                        char* buf, size_t size, size_t* needed);
+
+typedef struct arbiter_comm_options {
+  uint32_t capability; /* of this rank's device; 0 for CPU ranks */
+  uint32_t nodes;
+  uint32_t nvlink_domain;
+  uint32_t multicast;
+  int32_t device; /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
+  uint32_t max_tokens;
+  uint32_t hidden;
+  arbiter_dtype dtype;
+  uint32_t pattern_mask; /* 0: every pattern */
+  int64_t timeout_ms;    /* 0: 60 s */
+} arbiter_comm_options;
+
+/* Collective over oob: loads the backend modules (ARBITER_PLUGIN_PATH and
+ * the install's plugin folder), checks every rank has the same tables, and
+ * creates the workspaces. The policy may be freed afterwards. */
+int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy,
+                            const arbiter_comm_options* options, arbiter_comm** out);
+/* One fused all-reduce, decided by the policy; args->algorithm is ignored.
+ * `used` (optional) gets the decision that ran. */
+int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
+                                      void* stream, arbiter_decision* used);
+/* Collective. */
+void arbiter_comm_destroy(arbiter_comm* comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ARBITER_ARBITER_H_ */

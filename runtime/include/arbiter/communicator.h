@@ -1,0 +1,79 @@
+// A communicator: the ranks of one all-reduce group, agreed on one policy and
+// one set of backends, with a workspace per backend the policy may choose.
+//
+// Creation and destruction are collective over the oob (every rank, same
+// order). allreduce_fusion() decides with the policy and dispatches; a backend
+// that failed to initialise, or whose workspace is too small for a message,
+// is skipped for the policy's next choice (finally the fallback).
+//
+// Thread-safety: one thread at a time per communicator (the rank's).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "arbiter/policy.h"
+#include "arbiter/registry.h"
+#include "arbiter_backend.h"
+
+namespace arbiter {
+
+struct CommunicatorOptions {
+  Capability capability;  // this rank's device; every rank must agree
+  std::uint32_t nodes = 1;
+  bool nvlink_domain = true;
+  bool multicast = false;
+  int device = -1;  // CUDA ordinal (LOCAL_RANK, never RANK); -1 for CPU ranks
+  // The largest call the framework will make, to size fallback workspaces.
+  std::uint32_t max_tokens = 0;
+  std::uint32_t hidden = 0;
+  Dtype dtype = Dtype::kBf16;
+  std::uint32_t pattern_mask = 0xF;  // bit (1 << Pattern)
+  std::chrono::milliseconds timeout{60000};
+};
+
+// Thrown by the constructor; every rank throws (creation is all or nothing).
+class CommunicatorError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  // Collective. `oob` and `registry` must outlive the communicator.
+  Communicator(const arbiter_oob& oob, Policy policy, const Registry& registry,
+               const CommunicatorOptions& options);
+  ~Communicator();  // collective: destroys every workspace
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  struct Result {
+    arbiter_status status = ARBITER_OK;
+    Decision decision;  // what ran (its trace is empty)
+    std::string error;  // when status != ARBITER_OK
+  };
+  // One fused all-reduce; args.algorithm is ignored (the policy picks it).
+  // Never throws.
+  Result allreduce_fusion(const arbiter_allreduce_args& args, void* stream) noexcept;
+
+  // The decision allreduce_fusion() would take, without running it.
+  Decision decide(const arbiter_allreduce_args& args) const noexcept;
+
+  const Policy& policy() const;
+  int rank() const;
+  int world_size() const;
+  // Backends with a workspace on every rank: bit (1 << Backend).
+  std::uint32_t usable_mask() const;
+  // Why each backend the policy could choose was dropped, one line each.
+  const std::vector<std::string>& dropped() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace arbiter

@@ -1,0 +1,71 @@
+// Backend modules: found on disk, loaded once, probed, and recorded as
+// available or "unavailable: <reason>". A broken module (missing symbol,
+// unknown ABI version, failing probe) is recorded, never fatal.
+//
+// Thread-safety: a Registry is built once and then read-only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arbiter/types.h"
+#include "arbiter_backend.h"
+
+namespace arbiter {
+
+// One module file as found and loaded.
+struct ModuleInfo {
+  std::string path;
+  std::string name;               // from the module ("shm"); the file name if unreadable
+  std::uint32_t abi_version = 0;  // 0 when no known entry symbol was found
+  bool available = false;
+  std::string reason;              // why not available; empty when available
+  std::optional<Backend> backend;  // the policy's backend this module serves
+  arbiter_backend_caps caps{};     // valid when available
+};
+
+struct DiscoverOptions {
+  // Folders or module files searched first, in order; by default the
+  // ':'-separated ARBITER_PLUGIN_PATH.
+  std::vector<std::string> search_path;
+  // Search the install's plugin folder (next to libarbiter_runtime) after
+  // search_path.
+  bool default_folder = true;
+  // What probe() is asked about: the rank's device kind and CUDA ordinal
+  // (LOCAL_RANK; -1 for CPU ranks).
+  arbiter_probe_args probe{ARBITER_DEVICE_GPU, 0};
+
+  // search_path from ARBITER_PLUGIN_PATH; probe.device from LOCAL_RANK.
+  static DiscoverOptions from_environment();
+};
+
+class Registry {
+ public:
+  // Finds, loads and probes every module. Never throws for a bad module.
+  static Registry discover(const DiscoverOptions& options);
+
+  Registry(Registry&&) noexcept;
+  Registry& operator=(Registry&&) noexcept;
+  ~Registry();
+
+  // Every module found, in search order.
+  const std::vector<ModuleInfo>& modules() const;
+  // The available module serving `backend`, or nullptr.
+  const arbiter_backend_v1_t* backend(Backend backend) const;
+  const ModuleInfo* info(Backend backend) const;
+  // Bit (1 << Backend) for every available backend.
+  std::uint32_t available_mask() const;
+
+  // The folder the runtime looks in by default.
+  static std::string default_plugin_folder();
+
+ private:
+  struct Impl;
+  explicit Registry(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace arbiter

@@ -1,0 +1,203 @@
+// The C API: thin wrappers that catch everything and map it to codes.
+#include "arbiter/arbiter.h"
+
+#include <cstring>
+#include <string>
+
+#include "arbiter/communicator.h"
+#include "arbiter/policy.h"
+#include "arbiter/registry.h"
+
+struct arbiter_policy {
+  arbiter::Policy policy;
+};
+
+struct arbiter_comm {
+  arbiter::Registry registry;
+  std::unique_ptr<arbiter::Communicator> comm;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int32_t fail(int32_t status, std::string message) {
+  g_last_error = std::move(message);
+  return status;
+}
+
+template <class Fn>
+int32_t guarded(Fn&& fn) noexcept {
+  try {
+    g_last_error.clear();
+    return fn();
+  } catch (const arbiter::LoadError& e) {
+    return fail(ARBITER_INVALID_ARGUMENT, e.what());
+  } catch (const std::exception& e) {
+    return fail(ARBITER_INTERNAL, e.what());
+  } catch (...) {
+    return fail(ARBITER_INTERNAL, "unknown exception");
+  }
+}
+
+bool to_request(const arbiter_request* in, arbiter::Request& r) {
+  using namespace arbiter;
+  if (in->dtype > ARBITER_DTYPE_FP32 || in->pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+    g_last_error = "unknown dtype or pattern value";
+    return false;
+  }
+  if (in->capability != 0 &&
+      (in->capability < Capability::kMinSm || in->capability > Capability::kMaxSm)) {
+    g_last_error = "capability " + std::to_string(in->capability) +
+                   " is not major*10+minor in 50..199 (0 for CPU ranks)";
+    return false;
+  }
+  r.capability = in->capability == 0 ? Capability::cpu()
+                                     : Capability::sm(static_cast<std::uint16_t>(in->capability));
+  r.world_size = in->world_size;
+  r.nodes = in->nodes == 0 ? 1 : in->nodes;
+  r.nvlink_domain = in->nvlink_domain != 0;
+  r.multicast = in->multicast != 0;
+  r.dtype = static_cast<Dtype>(in->dtype);
+  r.pattern = static_cast<Pattern>(in->pattern);
+  r.tokens = in->tokens;
+  r.hidden = in->hidden;
+  r.message_bytes = in->message_bytes != 0 ? in->message_bytes
+                                           : std::uint64_t{in->tokens} * in->hidden *
+                                                 static_cast<std::uint64_t>(element_size(r.dtype));
+  return true;
+}
+
+void to_decision(const arbiter::Decision& d, arbiter_decision* out) {
+  out->backend = static_cast<uint32_t>(d.backend);
+  out->algorithm = static_cast<arbiter_algorithm>(d.algorithm);
+  out->fused = d.fused;
+  out->reason = static_cast<uint32_t>(d.reason);
+  out->cap = d.cap;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* arbiter_last_error(void) { return g_last_error.c_str(); }
+
+const char* arbiter_backend_name(uint32_t backend) {
+  return backend < arbiter::kBackendCount
+             ? arbiter::backend_name(static_cast<arbiter::Backend>(backend)).data()
+             : "none";
+}
+
+int32_t arbiter_policy_from_environment(arbiter_policy** out) {
+  return guarded([&] {
+    if (!out) return fail(ARBITER_INVALID_ARGUMENT, "out is NULL");
+    *out = new arbiter_policy{arbiter::Policy::from_environment()};
+    return int32_t{ARBITER_OK};
+  });
+}
+
+int32_t arbiter_policy_load(const char* const* site_files, size_t count, const char* backends_env,
+                            arbiter_policy** out) {
+  return guarded([&] {
+    if (!out || (count > 0 && !site_files)) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+    arbiter::LoadOptions o;
+    for (size_t i = 0; i < count; ++i) {
+      if (!site_files[i]) return fail(ARBITER_INVALID_ARGUMENT, "site_files holds a NULL");
+      o.site_files.emplace_back(site_files[i]);
+    }
+    if (backends_env) o.backends_env = backends_env;
+    *out = new arbiter_policy{arbiter::Policy::load_or_throw(o)};
+    return int32_t{ARBITER_OK};
+  });
+}
+
+void arbiter_policy_free(arbiter_policy* policy) { delete policy; }
+
+int32_t arbiter_decide(const arbiter_policy* policy, const arbiter_request* request,
+                       arbiter_decision* out) {
+  if (!policy || !request || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  arbiter::Request r;
+  if (!to_request(request, r)) return ARBITER_INVALID_ARGUMENT;
+  to_decision(policy->policy.decide(r), out);
+  return ARBITER_OK;
+}
+
+int32_t arbiter_max_fused_bytes(const arbiter_policy* policy, const arbiter_request* request,
+                                uint64_t* cap, int32_t* has_cap) {
+  if (!policy || !request || !cap || !has_cap) {
+    return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  }
+  arbiter::Request r;
+  if (!to_request(request, r)) return ARBITER_INVALID_ARGUMENT;
+  const auto c = policy->policy.max_fused_bytes(r);
+  *has_cap = c.has_value();
+  *cap = c.value_or(0);
+  return ARBITER_OK;
+}
+
+uint64_t arbiter_policy_fingerprint(const arbiter_policy* policy) {
+  return policy ? policy->policy.fingerprint() : 0;
+}
+
+int32_t arbiter_explain(const arbiter_policy* policy, const arbiter_request* request, int32_t json,
+                        char* buf, size_t size, size_t* needed) {
+  return guarded([&] {
+    if (!policy || !request || !needed) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+    arbiter::Request r;
+    if (!to_request(request, r)) return int32_t{ARBITER_INVALID_ARGUMENT};
+    const arbiter::Decision d = policy->policy.explain(r);
+    const std::string text =
+        json ? policy->policy.decision_json(r, d) : policy->policy.explain_text(r, d);
+    *needed = text.size() + 1;
+    if (!buf || size < *needed) {
+      return fail(ARBITER_INVALID_ARGUMENT,
+                  "buffer too small: " + std::to_string(*needed) + " bytes needed");
+    }
+    std::memcpy(buf, text.c_str(), *needed);
+    return int32_t{ARBITER_OK};
+  });
+}
+
+int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy,
+                            const arbiter_comm_options* options, arbiter_comm** out) {
+  return guarded([&] {
+    if (!oob || !policy || !options || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+    arbiter::CommunicatorOptions o;
+    o.capability = options->capability == 0
+                       ? arbiter::Capability::cpu()
+                       : arbiter::Capability::sm(static_cast<std::uint16_t>(options->capability));
+    o.nodes = options->nodes == 0 ? 1 : options->nodes;
+    o.nvlink_domain = options->nvlink_domain != 0;
+    o.multicast = options->multicast != 0;
+    o.device = options->device;
+    o.max_tokens = options->max_tokens;
+    o.hidden = options->hidden;
+    o.dtype = static_cast<arbiter::Dtype>(options->dtype);
+    o.pattern_mask = options->pattern_mask == 0 ? 0xF : options->pattern_mask;
+    if (options->timeout_ms > 0) o.timeout = std::chrono::milliseconds(options->timeout_ms);
+    arbiter::DiscoverOptions d = arbiter::DiscoverOptions::from_environment();
+    d.probe = {o.capability.is_cpu() ? ARBITER_DEVICE_CPU : ARBITER_DEVICE_GPU, o.device};
+    auto comm =
+        std::make_unique<arbiter_comm>(arbiter_comm{arbiter::Registry::discover(d), nullptr});
+    try {
+      comm->comm = std::make_unique<arbiter::Communicator>(*oob, policy->policy, comm->registry, o);
+    } catch (const arbiter::CommunicatorError& e) {
+      return fail(ARBITER_UNAVAILABLE, e.what());
+    }
+    *out = comm.release();
+    return int32_t{ARBITER_OK};
+  });
+}
+
+int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
+                                      void* stream, arbiter_decision* used) {
+  if (!comm || !args) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  const arbiter::Communicator::Result r = comm->comm->allreduce_fusion(*args, stream);
+  if (used) to_decision(r.decision, used);
+  if (r.status != ARBITER_OK) return fail(r.status, r.error);
+  return ARBITER_OK;
+}
+
+void arbiter_comm_destroy(arbiter_comm* comm) { delete comm; }
+
+}  // extern "C"

@@ -1,0 +1,274 @@
+#include "arbiter/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+namespace arbiter {
+namespace {
+
+struct Workspace {
+  const arbiter_backend_v1_t* module = nullptr;
+  arbiter_workspace* handle = nullptr;
+};
+
+std::string oob_error(const arbiter_oob& oob) {
+  const char* e = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
+  return e && *e ? e : "no reason given";
+}
+
+template <class T>
+std::vector<T> allgather(const arbiter_oob& oob, const T& mine, std::chrono::milliseconds timeout,
+                         const char* what) {
+  std::vector<T> all(static_cast<std::size_t>(oob.size));
+  if (oob.allgather(oob.ctx, &mine, all.data(), sizeof(T), timeout.count()) != ARBITER_OK) {
+    throw CommunicatorError(std::string("exchanging ") + what + " failed: " + oob_error(oob));
+  }
+  return all;
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string mask_names(std::uint32_t mask) {
+  std::string s;
+  for (int b = 0; b < kBackendCount; ++b) {
+    if ((mask >> b) & 1u)
+      s += (s.empty() ? "" : ", ") + std::string(backend_name(static_cast<Backend>(b)));
+  }
+  return s.empty() ? "none" : s;
+}
+
+// The reason the registry recorded for the module named like `b`.
+std::string why_unavailable(const Registry& registry, Backend b) {
+  for (const ModuleInfo& m : registry.modules()) {
+    if (m.name == backend_name(b)) return "unavailable: " + m.reason;
+  }
+  return "no module found (see `arbiter plugins`)";
+}
+
+}  // namespace
+
+struct Communicator::Impl {
+  const arbiter_oob& oob;
+  Policy policy;
+  CommunicatorOptions options;
+  Workspace workspaces[kBackendCount];
+  std::uint32_t usable = 0;
+  // Backends the policy might pick that have no workspace: excluded per call.
+  std::uint32_t unusable_candidates = 0;
+  std::vector<std::string> dropped;
+
+  Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
+      : oob(o), policy(std::move(p)), options(opt) {}
+
+  Request request_for(Pattern pattern) const {
+    Request r;
+    r.capability = options.capability;
+    r.world_size = static_cast<std::uint32_t>(oob.size);
+    r.nodes = options.nodes;
+    r.nvlink_domain = options.nvlink_domain;
+    r.multicast = options.multicast;
+    r.dtype = options.dtype;
+    r.pattern = pattern;
+    return r;
+  }
+
+  void drop(Backend b, const std::string& why) {
+    dropped.push_back(std::string(backend_name(b)) + ": " + why);
+    if (oob.rank == 0) std::cerr << "arbiter: backend " << dropped.back() << "\n";
+  }
+
+  void create(const Registry& registry);
+  void destroy();
+};
+
+void Communicator::Impl::create(const Registry& registry) {
+  const auto timeout = options.timeout;
+  // 1. Every rank decides identically only with identical tables.
+  const std::uint64_t fp = policy.fingerprint();
+  const auto fps = allgather(oob, fp, timeout, "policy fingerprints");
+  for (int r = 0; r < oob.size; ++r) {
+    if (fps[r] != fps[0]) {
+      throw CommunicatorError("tuning tables differ across ranks: rank " + std::to_string(r) +
+                              " has fingerprint " + hex(fps[r]) + ", rank 0 has " + hex(fps[0]) +
+                              "; give every rank the same ARBITER_CONFIG and ARBITER_BACKENDS");
+    }
+  }
+  const std::uint16_t cap = options.capability.code();
+  const auto caps = allgather(oob, cap, timeout, "device capabilities");
+  for (int r = 0; r < oob.size; ++r) {
+    if (caps[r] != caps[0]) {
+      throw CommunicatorError("ranks have different devices: rank " + std::to_string(r) +
+                              " has capability " + std::to_string(caps[r]) + ", rank 0 has " +
+                              std::to_string(caps[0]));
+    }
+  }
+  // 2. The same backends on every rank: AND of what each could load.
+  const std::uint32_t local = registry.available_mask();
+  std::uint32_t common = local;
+  for (std::uint32_t m : allgather(oob, local, timeout, "backend availability")) common &= m;
+  const Tables& t = policy.tables();
+  const int kind = static_cast<int>(options.capability.device());
+  const Topology topo = topology_of(request_for(Pattern::kAllreduce));
+
+  // 3. Workspaces, sized from the policy's caps, for the backends it may pick.
+  std::uint64_t fused_cap = 0;
+  for (int p = 0; p < kPatternCount; ++p) {
+    if (!((options.pattern_mask >> p) & 1u)) continue;
+    if (auto c = policy.max_fused_bytes(request_for(static_cast<Pattern>(p)))) {
+      fused_cap = std::max(fused_cap, *c);
+    }
+  }
+  const std::uint64_t largest_call = std::uint64_t{options.max_tokens} * options.hidden *
+                                     static_cast<std::uint64_t>(element_size(options.dtype));
+  std::vector<Backend> candidates;
+  if (fused_cap > 0) {
+    for (Backend b : t.preference[static_cast<int>(topo)]) candidates.push_back(b);
+  }
+  const Backend fallback = t.fallback[kind];
+  if (fallback != Backend::kNone &&
+      std::find(candidates.begin(), candidates.end(), fallback) == candidates.end()) {
+    candidates.push_back(fallback);
+  }
+  for (Backend b : candidates) {
+    const int i = static_cast<int>(b);
+    if (!((t.allowed_mask >> i) & 1u)) continue;  // the tables never pick it
+    if (!((common >> i) & 1u)) {
+      unusable_candidates |= 1u << i;
+      drop(b, (local >> i) & 1u ? "unavailable on another rank" : why_unavailable(registry, b));
+      continue;
+    }
+    arbiter_workspace_spec spec{};
+    spec.world_size = oob.size;
+    spec.rank = oob.rank;
+    spec.device = options.device;
+    spec.nodes = options.nodes;
+    spec.max_tokens = options.max_tokens;
+    spec.hidden = options.hidden;
+    spec.dtype = static_cast<arbiter_dtype>(options.dtype);
+    spec.pattern_mask = options.pattern_mask;
+    spec.max_message_bytes = b == fallback ? std::max(fused_cap, largest_call) : fused_cap;
+    spec.timeout_ms = timeout.count();
+    const arbiter_backend_v1_t* module = registry.backend(b);
+    arbiter_workspace* handle = nullptr;
+    // Collective; the module fails on every rank when it fails on any.
+    const std::int32_t status = module->workspace_create(&oob, &spec, &handle);
+    if (status != ARBITER_OK || handle == nullptr) {
+      unusable_candidates |= 1u << i;
+      drop(b, std::string("workspace creation failed: ") + module->last_error());
+      continue;
+    }
+    workspaces[i] = {module, handle};
+    usable |= 1u << i;
+  }
+  if (fallback == Backend::kNone || !((usable >> static_cast<int>(fallback)) & 1u)) {
+    destroy();
+    throw CommunicatorError(
+        std::string("the fallback backend ") + std::string(backend_name(fallback)) +
+        " is not usable on every rank, so calls the fused backends cannot "
+        "take would have nowhere to go; backends dropped: " +
+        (dropped.empty() ? "none" : dropped.back()) + " (see `arbiter plugins`)");
+  }
+}
+
+void Communicator::Impl::destroy() {
+  // Collective, in backend order on every rank.
+  for (Workspace& w : workspaces) {
+    if (w.handle) w.module->workspace_destroy(w.handle);
+    w = {};
+  }
+  usable = 0;
+}
+
+Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry& registry,
+                           const CommunicatorOptions& options)
+    : impl_(std::make_unique<Impl>(oob, std::move(policy), options)) {
+  if (oob.size < 1 || oob.rank < 0 || oob.rank >= oob.size || !oob.allgather || !oob.barrier ||
+      !oob.broadcast) {
+    throw CommunicatorError("invalid oob: rank " + std::to_string(oob.rank) + " of " +
+                            std::to_string(oob.size) + ", or a NULL function");
+  }
+  impl_->create(registry);
+}
+
+Communicator::~Communicator() { impl_->destroy(); }
+
+Decision Communicator::decide(const arbiter_allreduce_args& args) const noexcept {
+  Request r = impl_->request_for(static_cast<Pattern>(args.pattern));
+  r.dtype = static_cast<Dtype>(args.dtype);
+  r.tokens = args.tokens;
+  r.hidden = args.hidden;
+  r.message_bytes =
+      std::uint64_t{args.tokens} * args.hidden * static_cast<std::uint64_t>(element_size(r.dtype));
+  r.excluded_backends = impl_->unusable_candidates;
+  for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
+    const Decision d = impl_->policy.decide(r);
+    if (d.backend == Backend::kNone) return d;
+    const Workspace& w = impl_->workspaces[static_cast<int>(d.backend)];
+    // Never send a message larger than the workspace's per-call capacity.
+    const std::uint64_t capacity =
+        w.module && w.module->max_message_bytes
+            ? w.module->max_message_bytes(w.handle, static_cast<arbiter_algorithm>(d.algorithm))
+            : ~std::uint64_t{0};
+    if (r.message_bytes <= capacity) return d;
+    r.excluded_backends |= 1u << static_cast<int>(d.backend);
+  }
+  return Decision{};
+}
+
+Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args& args,
+                                                    void* stream) noexcept {
+  Result result;
+  try {
+    arbiter_allreduce_args call = args;
+    Decision d = decide(args);
+    std::uint32_t excluded = 0;
+    for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
+      result.decision = d;
+      if (d.backend == Backend::kNone) {
+        result.status = ARBITER_UNSUPPORTED;
+        result.error = "no backend can run this call (tables allow " +
+                       mask_names(impl_->policy.tables().allowed_mask) +
+                       "; usable here: " + mask_names(impl_->usable & ~excluded) + ")";
+        return result;
+      }
+      const Workspace& w = impl_->workspaces[static_cast<int>(d.backend)];
+      call.algorithm = static_cast<arbiter_algorithm>(d.algorithm);
+      const std::int32_t status = w.module->run(w.handle, &call, stream);
+      if (status != ARBITER_UNSUPPORTED) {
+        result.status = static_cast<arbiter_status>(status);
+        if (status != ARBITER_OK) result.error = w.module->last_error();
+        return result;
+      }
+      // The backend declined this shape (deterministically on every rank):
+      // take the policy's next choice.
+      excluded |= 1u << static_cast<int>(d.backend);
+      Request r = impl_->request_for(static_cast<Pattern>(args.pattern));
+      r.dtype = static_cast<Dtype>(args.dtype);
+      r.tokens = args.tokens;
+      r.hidden = args.hidden;
+      r.message_bytes = std::uint64_t{args.tokens} * args.hidden *
+                        static_cast<std::uint64_t>(element_size(r.dtype));
+      r.excluded_backends = impl_->unusable_candidates | excluded;
+      d = impl_->policy.decide(r);
+    }
+    result.status = ARBITER_INTERNAL;
+    result.error = "no backend accepted the call";
+  } catch (const std::exception& e) {
+    result.status = ARBITER_INTERNAL;
+    result.error = e.what();
+  }
+  return result;
+}
+
+const Policy& Communicator::policy() const { return impl_->policy; }
+int Communicator::rank() const { return impl_->oob.rank; }
+int Communicator::world_size() const { return impl_->oob.size; }
+std::uint32_t Communicator::usable_mask() const { return impl_->usable; }
+const std::vector<std::string>& Communicator::dropped() const { return impl_->dropped; }
+
+}  // namespace arbiter

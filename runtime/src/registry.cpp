@@ -1,0 +1,198 @@
+#include "arbiter/registry.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string_view>
+
+namespace arbiter {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Versions this host knows, newest first, and how far up it looks to name a
+// newer one it does not know.
+constexpr std::uint32_t kKnownVersions[] = {1};
+constexpr std::uint32_t kHighestVersionProbed = 16;
+
+struct Handle {
+  void* dl = nullptr;
+  ~Handle() {
+    if (dl) dlclose(dl);
+  }
+};
+
+bool is_module_file(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return name.starts_with("libarbiter-") && p.extension() == ".so";
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    const auto at = s.find(sep);
+    if (std::string_view item = s.substr(0, at); !item.empty()) out.emplace_back(item);
+    if (at == std::string_view::npos) break;
+    s.remove_prefix(at + 1);
+  }
+  return out;
+}
+
+std::string module_error(const arbiter_backend_v1_t* b) {
+  const char* m = b->last_error ? b->last_error() : nullptr;
+  return m && *m ? m : "no reason given";
+}
+
+}  // namespace
+
+struct Registry::Impl {
+  std::vector<ModuleInfo> modules;
+  std::vector<std::unique_ptr<Handle>> handles;  // kept open while the registry lives
+  const arbiter_backend_v1_t* by_backend[kBackendCount] = {};
+  int index_of[kBackendCount] = {-1, -1, -1, -1};
+
+  void load(const fs::path& path, const arbiter_probe_args& probe);
+};
+
+void Registry::Impl::load(const fs::path& path, const arbiter_probe_args& probe) {
+  ModuleInfo info;
+  info.path = path.string();
+  info.name = path.stem().string().substr(std::string_view("libarbiter-").size());
+  auto record = [&](std::string reason) {
+    info.available = reason.empty();
+    info.reason = std::move(reason);
+    modules.push_back(std::move(info));
+  };
+  // Loaded once: a module seen again (same file through two search entries,
+  // or the same name in a later folder) is shadowed by the first.
+  for (const ModuleInfo& m : modules) {
+    std::error_code ec;
+    if (fs::equivalent(m.path, path, ec) || m.name == info.name) {
+      return record("shadowed by " + m.path);
+    }
+  }
+  auto handle = std::make_unique<Handle>();
+  dlerror();
+  handle->dl = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle->dl) {
+    const char* e = dlerror();
+    return record(std::string("cannot load: ") + (e ? e : "dlopen failed"));
+  }
+  const arbiter_backend_v1_t* entry = nullptr;
+  for (std::uint32_t v : kKnownVersions) {
+    const std::string symbol = "arbiter_backend_v" + std::to_string(v);
+    if (void* s = dlsym(handle->dl, symbol.c_str())) {
+      entry = static_cast<const arbiter_backend_v1_t*>(s);
+      info.abi_version = v;
+      break;
+    }
+  }
+  if (!entry) {
+    for (std::uint32_t v = kHighestVersionProbed; v > kKnownVersions[0]; --v) {
+      if (dlsym(handle->dl, ("arbiter_backend_v" + std::to_string(v)).c_str())) {
+        info.abi_version = v;
+        return record("module speaks backend ABI v" + std::to_string(v) + "; this arbiter knows v" +
+                      std::to_string(kKnownVersions[0]) +
+                      " (rebuild the module against this arbiter, or upgrade arbiter)");
+      }
+    }
+    return record("missing symbol arbiter_backend_v" + std::to_string(kKnownVersions[0]) +
+                  " (not an arbiter backend module?)");
+  }
+  if (entry->abi_version != info.abi_version) {
+    return record("wrong ABI version: symbol arbiter_backend_v" + std::to_string(info.abi_version) +
+                  " carries abi_version " + std::to_string(entry->abi_version));
+  }
+  if (!entry->name || !entry->probe || !entry->workspace_create || !entry->run ||
+      !entry->workspace_destroy || !entry->last_error) {
+    return record(
+        "incomplete module: a required entry (name, probe, workspace_create, run, "
+        "workspace_destroy, last_error) is NULL");
+  }
+  info.name = entry->name;
+  Parsed<Backend> which = parse_backend(info.name);
+  if (!which) {
+    return record("module name '" + info.name + "' is not a backend the policy knows (" +
+                  "trtllm, mnnvl, nccl, shm)");
+  }
+  for (const ModuleInfo& m : modules) {
+    if (m.available && m.name == info.name) return record("shadowed by " + m.path);
+  }
+  info.backend = *which.value;
+  arbiter_backend_caps caps{};
+  const std::int32_t status = entry->probe(&probe, &caps);
+  if (status != ARBITER_OK) return record("probe failed: " + module_error(entry));
+  info.caps = caps;
+  by_backend[static_cast<int>(*which.value)] = entry;
+  index_of[static_cast<int>(*which.value)] = static_cast<int>(modules.size());
+  handles.push_back(std::move(handle));
+  record({});
+}
+
+DiscoverOptions DiscoverOptions::from_environment() {
+  DiscoverOptions o;
+  if (const char* p = std::getenv("ARBITER_PLUGIN_PATH"); p && *p) o.search_path = split(p, ':');
+  if (const char* l = std::getenv("LOCAL_RANK"); l && *l) o.probe.device = std::atoi(l);
+  return o;
+}
+
+std::string Registry::default_plugin_folder() {
+  // The folder "arbiter" next to this library: <prefix>/lib/arbiter when
+  // installed, <build>/lib/arbiter in a build tree.
+  Dl_info dl{};
+  if (dladdr(reinterpret_cast<void*>(&Registry::default_plugin_folder), &dl) && dl.dli_fname) {
+    return (fs::path(dl.dli_fname).parent_path() / "arbiter").string();
+  }
+  return {};
+}
+
+Registry Registry::discover(const DiscoverOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  std::vector<std::string> places = options.search_path;
+  if (options.default_folder) places.push_back(default_plugin_folder());
+  for (const std::string& place : places) {
+    std::error_code ec;
+    const fs::path p(place);
+    if (fs::is_regular_file(p, ec)) {
+      impl->load(p, options.probe);
+      continue;
+    }
+    if (!fs::is_directory(p, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(p, ec)) {
+      if (is_module_file(entry.path())) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) impl->load(f, options.probe);
+  }
+  return Registry(std::move(impl));
+}
+
+Registry::Registry(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Registry::Registry(Registry&&) noexcept = default;
+Registry& Registry::operator=(Registry&&) noexcept = default;
+Registry::~Registry() = default;
+
+const std::vector<ModuleInfo>& Registry::modules() const { return impl_->modules; }
+
+const arbiter_backend_v1_t* Registry::backend(Backend backend) const {
+  return backend == Backend::kNone ? nullptr : impl_->by_backend[static_cast<int>(backend)];
+}
+
+const ModuleInfo* Registry::info(Backend backend) const {
+  if (backend == Backend::kNone) return nullptr;
+  const int i = impl_->index_of[static_cast<int>(backend)];
+  return i < 0 ? nullptr : &impl_->modules[i];
+}
+
+std::uint32_t Registry::available_mask() const {
+  std::uint32_t mask = 0;
+  for (int b = 0; b < kBackendCount; ++b) {
+    if (impl_->by_backend[b]) mask |= 1u << b;
+  }
+  return mask;
+}
+
+}  // namespace arbiter

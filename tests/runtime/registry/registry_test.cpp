@@ -1,0 +1,84 @@
+// The loader: every module found is recorded as available or with the
+// reason it is not; a broken module never takes the process down.
+#define BOOST_TEST_MODULE runtime_registry
+#include <boost/test/unit_test.hpp>
+
+#include <map>
+
+#include "arbiter/registry.h"
+
+using namespace arbiter;
+
+namespace {
+
+std::map<std::string, ModuleInfo> discover_fakes() {
+  DiscoverOptions o;
+  o.search_path = {ARBITER_FAKE_DIR};
+  o.default_folder = false;
+  Registry r = Registry::discover(o);
+  std::map<std::string, ModuleInfo> by_file;
+  for (const ModuleInfo& m : r.modules()) {
+    by_file[m.path.substr(m.path.rfind('/') + 1)] = m;
+  }
+  return by_file;
+}
+
+bool has(const std::string& text, const std::string& words) {
+  return text.find(words) != std::string::npos;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_good_module_is_available_with_its_caps) {
+  auto m = discover_fakes();
+  const ModuleInfo& good = m.at("libarbiter-good.so");
+  BOOST_TEST(good.available);
+  BOOST_TEST(good.reason.empty());
+  BOOST_TEST(good.abi_version == 1u);
+  BOOST_TEST(good.name == "trtllm");
+  BOOST_TEST((good.caps.world_size_mask & (1ull << 8)) != 0u);
+}
+
+BOOST_AUTO_TEST_CASE(broken_modules_are_recorded_with_the_reason) {
+  auto m = discover_fakes();
+  BOOST_TEST(!m.at("libarbiter-wrong_version.so").available);
+  BOOST_TEST(has(m.at("libarbiter-wrong_version.so").reason, "wrong ABI version"));
+  BOOST_TEST(has(m.at("libarbiter-wrong_version.so").reason, "abi_version 7"));
+  BOOST_TEST(has(m.at("libarbiter-no_symbol.so").reason, "missing symbol arbiter_backend_v1"));
+  const ModuleInfo& future = m.at("libarbiter-future_version.so");
+  BOOST_TEST(!future.available);
+  BOOST_TEST(future.abi_version == 2u);
+  BOOST_TEST(has(future.reason, "ABI v2; this arbiter knows v1"), future.reason);
+  BOOST_TEST(has(m.at("libarbiter-probe_fails.so").reason, "probe failed: the fake probe says no"));
+  BOOST_TEST(has(m.at("libarbiter-unknown_name.so").reason, "'frobnicator' is not a backend"));
+  BOOST_TEST(has(m.at("libarbiter-null_entry.so").reason, "required entry"));
+}
+
+BOOST_AUTO_TEST_CASE(only_the_first_module_of_a_name_is_used) {
+  // The good fake and the probe-failing fake both call themselves trtllm:
+  // the first available one serves it; a later one is shadowed.
+  DiscoverOptions o;
+  o.search_path = {std::string(ARBITER_FAKE_DIR) + "/libarbiter-good.so",
+                   std::string(ARBITER_FAKE_DIR) + "/libarbiter-good.so", ARBITER_FAKE_DIR};
+  o.default_folder = false;
+  Registry r = Registry::discover(o);
+  BOOST_TEST(r.backend(Backend::kTrtllm) != nullptr);
+  BOOST_TEST(r.available_mask() == (1u << static_cast<int>(Backend::kTrtllm)));
+  int available = 0;
+  for (const ModuleInfo& info : r.modules()) {
+    available += info.available;
+    if (!info.available && info.path.find("good") != std::string::npos) {
+      BOOST_TEST(has(info.reason, "shadowed by"));
+    }
+  }
+  BOOST_TEST(available == 1);
+}
+
+BOOST_AUTO_TEST_CASE(missing_folders_and_files_are_ignored) {
+  DiscoverOptions o;
+  o.search_path = {"/nonexistent/folder", "/nonexistent/libarbiter-x.so"};
+  o.default_folder = false;
+  Registry r = Registry::discover(o);
+  BOOST_TEST(r.modules().empty());
+  BOOST_TEST(r.available_mask() == 0u);
+}

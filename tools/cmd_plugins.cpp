@@ -1,0 +1,56 @@
+// arbiter plugins: every backend module found, its ABI version, and whether
+// it is available here or why not.
+#include <iostream>
+
+#include "arbiter/json_writer.h"
+#include "arbiter/registry.h"
+#include "cli.h"
+
+namespace arbiter::cli {
+
+int cmd_plugins(const Args& args) {
+  po::options_description desc("arbiter plugins options");
+  desc.add_options()("json", po::bool_switch(), "print a JSON array")("help,h", "this help");
+  po::variables_map vm = parse(args, desc);
+  if (vm.count("help")) {
+    std::cout << "usage: arbiter plugins [--json]\n"
+                 "Searches ARBITER_PLUGIN_PATH (':'-separated folders or files), then "
+              << Registry::default_plugin_folder() << "\n\n"
+              << desc;
+    return kExitOk;
+  }
+  const Registry registry = Registry::discover(DiscoverOptions::from_environment());
+  if (vm["json"].as<bool>()) {
+    std::string out = "[";
+    bool first = true;
+    for (const ModuleInfo& m : registry.modules()) {
+      if (!first) out += ",";
+      first = false;
+      JsonObject o(out);
+      o.str("name", m.name);
+      o.str("path", m.path);
+      o.num("abi_version", m.abi_version);
+      o.boolean("available", m.available);
+      if (m.available)
+        o.null("reason");
+      else
+        o.str("reason", m.reason);
+      o.close();
+    }
+    std::cout << out << "]\n";
+    return kExitOk;
+  }
+  if (registry.modules().empty()) {
+    std::cout << "no backend modules found (searched ARBITER_PLUGIN_PATH and "
+              << Registry::default_plugin_folder() << ")\n";
+    return kExitOk;
+  }
+  for (const ModuleInfo& m : registry.modules()) {
+    std::cout << m.name << "  ABI v" << m.abi_version << "  "
+              << (m.available ? "available" : "unavailable: " + m.reason) << "  (" << m.path
+              << ")\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace arbiter::cli
