@@ -1,6 +1,7 @@
 #include "compiled.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 namespace arbiter::detail {
@@ -15,7 +16,6 @@ void CellIndex::build(const std::vector<Cell>& sorted_cells) {
     if (slot == 0xFF) slot = static_cast<std::uint8_t>(slots++);
   }
   stride = max_ws + 1;
-  shapes = 0;
   spans.assign(static_cast<std::size_t>(slots) * stride, Span{});
   cells.clear();
   // sorted_cells is ordered by capability, world size, then most specific
@@ -23,10 +23,7 @@ void CellIndex::build(const std::vector<Cell>& sorted_cells) {
   for (const Cell& c : sorted_cells) {
     const std::uint8_t slot = slot_of_capability[c.key.capability.code() & 0xFF];
     Span& s = spans[slot * stride + c.key.world_size];
-    if (s.begin == s.end) {
-      s.begin = s.end = static_cast<std::uint32_t>(cells.size());
-      s.shape = shapes++;
-    }
+    if (s.begin == s.end) s.begin = s.end = static_cast<std::uint32_t>(cells.size());
     cells.push_back(
         CompiledCell{c.max_bytes, c.key.nodes,
                      c.key.pattern ? static_cast<std::uint8_t>(*c.key.pattern) : CompiledCell::kAny,
@@ -50,11 +47,8 @@ Request request_for(Capability cap, std::uint32_t ws, std::uint32_t sig) {
   return r;
 }
 
-Route route_for(const Compiled& c, const Request& r, const Span& span) {
+Route route_for(const Compiled& c, const Request& r) {
   Route route;
-  for (std::uint32_t i = span.begin; i < span.end; ++i) {
-    if (c.fusion.cells[i].nodes != 0) route.scan_cells = true;
-  }
   Reason too_big = Reason::kNoFusionCell;
   if (const CompiledCell* cell = c.fusion.find(r)) {
     route.fusion_origin = cell->origin;
@@ -108,8 +102,13 @@ Route route_for(const Compiled& c, const Request& r, const Span& span) {
   return route;
 }
 
+// Routes for every (capability, world size) with fusion cells. A pair whose
+// cells are keyed by node counts gets one extra block of routes per counted
+// node number, reached through Route::nodes_begin/nodes_end; its base block
+// stands for every node count no cell names.
 void build_routes(Compiled& c) {
-  c.routes.assign(static_cast<std::size_t>(c.fusion.shapes) * kSignatureCount, Route{});
+  c.routes.clear();
+  c.nodes_routes.clear();
   c.shape_of.assign(256 * static_cast<std::size_t>(c.fusion.stride), 0);
   for (int code = 0; code < 256; ++code) {
     const std::uint8_t slot = c.fusion.slot_of_capability[code];
@@ -119,11 +118,39 @@ void build_routes(Compiled& c) {
     for (std::uint32_t ws = 0; ws < c.fusion.stride; ++ws) {
       const Span& span = c.fusion.spans[slot * c.fusion.stride + ws];
       if (span.begin == span.end) continue;
-      c.shape_of[code * c.fusion.stride + ws] = span.shape + 1;
+      std::vector<std::uint32_t> keyed;  // node counts some cell names
+      for (std::uint32_t i = span.begin; i < span.end; ++i) {
+        const std::uint32_t n = c.fusion.cells[i].nodes;
+        if (n != 0 && std::find(keyed.begin(), keyed.end(), n) == keyed.end()) keyed.push_back(n);
+      }
+      // The base block's node counts: 1, and a multi-node count no cell names.
+      std::uint32_t other_multi = 2;
+      while (std::find(keyed.begin(), keyed.end(), other_multi) != keyed.end()) ++other_multi;
+      auto add_block = [&](std::optional<std::uint32_t> nodes) {
+        const std::size_t block = c.routes.size() / kSignatureCount;
+        c.routes.resize(c.routes.size() + kSignatureCount);
+        for (std::uint32_t sig = 0; sig < kSignatureCount; ++sig) {
+          if (((sig >> 2) & 3u) >= kDtypeCount) continue;
+          Request r = request_for(cap, ws, sig);
+          if (nodes) {
+            if ((*nodes > 1) != ((sig >> 6) & 1u)) continue;  // signature says otherwise
+            r.nodes = *nodes;
+          } else if (r.nodes > 1) {
+            r.nodes = other_multi;
+          }
+          c.routes[block * kSignatureCount + sig] = route_for(c, r);
+        }
+        return static_cast<std::uint32_t>(block);
+      };
+      const std::uint32_t base = add_block(std::nullopt);
+      c.shape_of[code * c.fusion.stride + ws] = base + 1;
+      if (keyed.empty()) continue;
+      const auto begin = static_cast<std::uint32_t>(c.nodes_routes.size());
+      for (std::uint32_t n : keyed) c.nodes_routes.push_back({n, add_block(n)});
+      const auto end = static_cast<std::uint32_t>(c.nodes_routes.size());
       for (std::uint32_t sig = 0; sig < kSignatureCount; ++sig) {
-        if (((sig >> 2) & 3u) >= kDtypeCount) continue;
-        c.routes[span.shape * kSignatureCount + sig] =
-            route_for(c, request_for(cap, ws, sig), span);
+        c.routes[base * kSignatureCount + sig].nodes_begin = begin;
+        c.routes[base * kSignatureCount + sig].nodes_end = end;
       }
     }
   }

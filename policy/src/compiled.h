@@ -36,7 +36,6 @@ struct CompiledCell {
 struct Span {
   std::uint32_t begin = 0;
   std::uint32_t end = 0;
-  std::uint32_t shape = 0;  // index of this (capability, world size) in routes
 };
 
 // Everything about a request but its capability, world size, nodes count and
@@ -61,7 +60,7 @@ static_assert(std::endian::native == std::endian::little, "signature() assumes l
 // cell, the preference walk, the algorithm rule and whether the fallback may
 // run. What is left per call is two size compares that pick one of three
 // precomputed heads, so no branch depends on the message size. Valid when the
-// caller excludes no backend and no nodes-keyed cell applies (scan_cells).
+// caller excludes no backend.
 struct Route {
   // The first fields of a Decision, ready to copy.
   struct Head {
@@ -78,14 +77,22 @@ struct Route {
   std::array<Head, 3> head;         // [kUnfused | kFusedTwoshot | kFusedOneshot]
   std::uint16_t fusion_origin = kNoOrigin;
   bool twoshot_needs_tokens = false;
-  bool scan_cells = false;  // a nodes-keyed cell exists: take the rule walk
+  // Cells keyed by node counts: Compiled::nodes_routes[nodes_begin, nodes_end)
+  // lists the node counts with blocks of their own.
+  std::uint32_t nodes_begin = 0;
+  std::uint32_t nodes_end = 0;
+};
+
+// A node count named by some cell, and the block of routes for it.
+struct NodesRoute {
+  std::uint32_t nodes;
+  std::uint32_t block;
 };
 
 // One cell table (fusion or one-shot) in lookup form.
 struct CellIndex {
   std::array<std::uint8_t, 256> slot_of_capability;  // 0xFF: no cells
   std::uint32_t stride = 0;                          // max world size + 1
-  std::uint32_t shapes = 0;                          // non-empty spans
   std::vector<Span> spans;                           // [slot * stride + ws]
   std::vector<CompiledCell> cells;
 
@@ -128,9 +135,10 @@ struct Compiled {
   std::array<std::uint8_t, kTopologyCount> preference_size{};
   std::array<Backend, kDeviceKindCount> fallback{};
   std::uint32_t allowed_mask = 0;
-  // [shape * kSignatureCount + signature]
+  // [block * kSignatureCount + signature]
   std::vector<Route> routes;
-  // [capability code * fusion.stride + world size] -> shape + 1 (0: no fusion
+  std::vector<NodesRoute> nodes_routes;
+  // [capability code * fusion.stride + world size] -> block + 1 (0: no fusion
   // cell for that pair), so decide() reaches its route in two loads.
   std::vector<std::uint32_t> shape_of;
 

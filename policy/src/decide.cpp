@@ -84,9 +84,8 @@ bool valid_request(const Request& r) {
 
 }  // namespace
 
-// Requests the routes do not cover (invalid, backends excluded by the caller,
-// no cell for the capability and world size, nodes-keyed cells) take the rule
-// walk; kept out of line so decide() stays small.
+// Requests the routes do not cover (invalid, or with backends excluded by the
+// caller) take the rule walk; kept out of line so decide() stays small.
 [[gnu::noinline]] static Decision decide_by_rules(const Policy& policy, const Request& r) {
   Decision full = policy.explain(r);
   full.trace.clear();
@@ -160,21 +159,26 @@ Decision Policy::decide(const Request& r) const noexcept {
     d.reason = ok ? Reason::kNoFusionCell : Reason::kNoBackend;
     return d;
   }
-  const detail::Route& route =
-      routes_[(shape - 1) * detail::kSignatureCount + detail::signature(r)];
-  if (route.scan_cells) [[unlikely]]
-    return decide_by_rules(*this, r);
+  const std::uint32_t sig = detail::signature(r);
+  const detail::Route* route = &routes_[(shape - 1) * detail::kSignatureCount + sig];
+  // Cells keyed by node counts: this count may have a block of its own.
+  for (std::uint32_t i = route->nodes_begin; i < route->nodes_end; ++i) {
+    if (c.nodes_routes[i].nodes == r.nodes) {
+      route = &routes_[c.nodes_routes[i].block * detail::kSignatureCount + sig];
+      break;
+    }
+  }
 
-  const unsigned fits = r.message_bytes < route.cap_below;
+  const unsigned fits = r.message_bytes < route->cap_below;
   // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
-  const unsigned few_tokens = route.twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
-  const unsigned one = (r.message_bytes < route.oneshot_below) | few_tokens;
-  const detail::Route::Head& h = route.head[fits + (fits & one)];
+  const unsigned few_tokens = route->twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
+  const unsigned one = (r.message_bytes < route->oneshot_below) | few_tokens;
+  const detail::Route::Head& h = route->head[fits + (fits & one)];
   Decision d;
   // backend, algorithm, fused and reason in one 32-bit copy.
   std::memcpy(static_cast<void*>(&d), &h, 4);
-  d.cap = route.cap;
-  d.fusion_origin = route.fusion_origin;
+  d.cap = route->cap;
+  d.fusion_origin = route->fusion_origin;
   d.oneshot_origin = h.oneshot_origin;
   return d;
 }

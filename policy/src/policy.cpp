@@ -30,8 +30,8 @@ bool read_file(const std::string& path, std::string& out, std::vector<Diagnostic
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    diagnostics.push_back({Severity::kError, path, 0, 0, "cannot open the file",
-                           "check the path given"});
+    diagnostics.push_back(
+        {Severity::kError, path, 0, 0, "cannot open the file", "check the path given"});
     return false;
   }
   // Read at most one byte past the limit, so /dev/zero or an endless pipe
@@ -41,8 +41,8 @@ bool read_file(const std::string& path, std::string& out, std::vector<Diagnostic
   while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
     out.append(buffer, static_cast<std::size_t>(in.gcount()));
     if (out.size() > kMaxTableFileBytes) {
-      diagnostics.push_back({Severity::kError, path, 0, 0,
-                             "the file is larger than 16 MiB; not a tuning table", ""});
+      diagnostics.push_back(
+          {Severity::kError, path, 0, 0, "the file is larger than 16 MiB; not a tuning table", ""});
       return false;
     }
   }

@@ -1,9 +1,9 @@
 // Human and JSON renderings of explained decisions.
 #include <algorithm>
 
+#include "arbiter/json_writer.h"
 #include "arbiter/policy.h"
 #include "arbiter/size.h"
-#include "arbiter/json_writer.h"
 
 namespace arbiter {
 namespace {
@@ -202,7 +202,6 @@ std::string Policy::explain_text(const Request& request, const Decision& decisio
 }
 
 std::string Policy::decision_json(const Request& request, const Decision& decision) const {
-  
   std::string out;
   JsonObject o(out);
   o.str("backend", backend_name(decision.backend));
