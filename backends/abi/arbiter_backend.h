@@ -82,11 +82,9 @@ typedef struct arbiter_oob {
   int32_t rank;
   int32_t size;
   /* recv holds size * bytes: rank r's `bytes` at offset r * bytes. */
-  int32_t (*allgather)(void* ctx, const void* send, void* recv, size_t bytes,
-                       int64_t timeout_ms);
+  int32_t (*allgather)(void* ctx, const void* send, void* recv, size_t bytes, int64_t timeout_ms);
   /* buf (bytes long) of rank `root` is copied to every rank's buf. */
-  int32_t (*broadcast)(void* ctx, void* buf, size_t bytes, int32_t root,
-                       int64_t timeout_ms);
+  int32_t (*broadcast)(void* ctx, void* buf, size_t bytes, int32_t root, int64_t timeout_ms);
   int32_t (*barrier)(void* ctx, int64_t timeout_ms);
   /* Message of the last failed call on this thread; never NULL. */
   const char* (*last_error)(void* ctx);
@@ -138,25 +136,29 @@ typedef struct arbiter_workspace arbiter_workspace; /* opaque, module-owned */
 
 /* One fused all-reduce. Buffers are device pointers for GPU backends, host
  * pointers for host backends; all hold tokens x hidden elements of dtype
- * unless noted. Optional outputs may be NULL. */
+ * unless noted. Required: input; allreduce_out for pattern allreduce;
+ * residual_in and gamma for the norm patterns; norm_out for
+ * residual_rmsnorm; quant_out and scale for the quantising patterns
+ * (scale_out too for NVFP4). Everything else may be NULL and is then not
+ * written. */
 typedef struct arbiter_allreduce_args {
   arbiter_pattern pattern;
   arbiter_dtype dtype;
   arbiter_algorithm algorithm;
   uint32_t tokens;
   uint32_t hidden;
-  uint32_t flags;           /* ARBITER_RUN_* */
-  const void* input;        /* this rank's contribution */
-  void* allreduce_out;      /* the sum (required for pattern allreduce) */
-  const void* residual_in;  /* norm patterns */
-  void* residual_out;       /* norm patterns: sum + residual_in */
-  const void* gamma;        /* hidden elements of dtype */
+  uint32_t flags;          /* ARBITER_RUN_* */
+  const void* input;       /* this rank's contribution */
+  void* allreduce_out;     /* the sum (required for pattern allreduce) */
+  const void* residual_in; /* norm patterns */
+  void* residual_out;      /* norm patterns: sum + residual_in */
+  const void* gamma;       /* hidden elements of dtype */
   float eps;
-  float weight_bias;        /* y = x * rsqrt(mean(x^2) + eps) * (gamma + weight_bias) */
-  void* norm_out;           /* optional un-quantised norm output */
-  void* quant_out;          /* FP8: 1 byte/element; NVFP4: 2 elements/byte */
-  void* scale_out;          /* NVFP4 block scale factors (e4m3) */
-  const float* scale;       /* FP8: per-tensor scale; NVFP4: global scale */
+  float weight_bias;  /* y = x * rsqrt(mean(x^2) + eps) * (gamma + weight_bias) */
+  void* norm_out;     /* optional un-quantised norm output */
+  void* quant_out;    /* FP8: 1 byte/element; NVFP4: 2 elements/byte */
+  void* scale_out;    /* NVFP4 block scale factors (e4m3) */
+  const float* scale; /* FP8: per-tensor scale; NVFP4: global scale */
 } arbiter_allreduce_args;
 
 typedef struct arbiter_backend_v1_t {
@@ -166,14 +168,16 @@ typedef struct arbiter_backend_v1_t {
    * reason in last_error() (no driver, no device, ...). */
   int32_t (*probe)(const arbiter_probe_args* args, arbiter_backend_caps* caps);
   /* Required. Collective over oob. Fails on every rank when it fails on any,
-   * with the reason. */
+   * with the reason. The host keeps `oob` valid until workspace_destroy()
+   * returns, so a module may keep the pointer for its teardown. */
   int32_t (*workspace_create)(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
                               arbiter_workspace** out);
   /* Optional (NULL: unlimited). The largest message one run() may take. */
   uint64_t (*max_message_bytes)(const arbiter_workspace* ws, arbiter_algorithm algorithm);
   /* Required. ARBITER_UNSUPPORTED leaves everything unchanged. */
   int32_t (*run)(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream);
-  /* Required. Collective; frees everything the workspace holds. */
+  /* Required. Collective (every rank, same order); frees everything the
+   * workspace holds. May use the oob given at creation. */
   void (*workspace_destroy)(arbiter_workspace* ws);
   /* Required. Message of the last failure on this thread; never NULL. */
   const char* (*last_error)(void);

@@ -1,0 +1,29 @@
+// The three ways the shm backend runs one call. Each is collective: every
+// rank of the workspace calls the same algorithm with the same shape.
+//
+// REQUIRES (checked by run() in module.cpp): args valid for the workspace,
+// tokens > 0, message bytes <= max_message_bytes.
+// All three produce bit-identical outputs for the same inputs: the sum is
+// accumulated in fp32 in rank order from sanitised inputs, then the epilogue
+// of arbiter/common/rmsnorm.h runs on it.
+#pragma once
+
+#include "arbiter_backend.h"
+#include "status.h"
+#include "workspace.h"
+
+namespace arbiter::shm {
+
+// Lamport one-shot: publish into this rank's slot of the current stage, poll
+// every slot until no element is -0.0, sum, epilogue. No barrier at all.
+Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args);
+
+// Two-shot: copy in, barrier, sum this rank's token slice from every rank,
+// publish it, barrier, epilogue over all tokens.
+Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args);
+
+// Unfused: a plain all-reduce through the shared buffer into allreduce_out
+// (or host scratch), then residual + norm (+quant) as a separate pass.
+Status run_native(Workspace& workspace, const arbiter_allreduce_args& args);
+
+}  // namespace arbiter::shm

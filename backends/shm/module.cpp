@@ -1,0 +1,209 @@
+// The shm module's C entry points: argument checks, dispatch to an
+// algorithm, and the exported arbiter_backend_v1. Every entry point catches
+// everything; no exception crosses the plugin boundary.
+#include <cstdint>
+#include <new>
+#include <string>
+
+#include "algorithms.h"
+#include "arbiter/common/numeric.h"
+#include "arbiter_backend.h"
+#include "status.h"
+#include "workspace.h"
+
+namespace arbiter::shm {
+
+namespace {
+
+constexpr std::int32_t kMinWorldSize = 2;
+constexpr std::int32_t kMaxWorldSize = 63;
+
+template <class Body>
+std::int32_t guarded(const char* entry, Body body) noexcept {
+  try {
+    return report(body());
+  } catch (const std::bad_alloc&) {
+    return report({ARBITER_INTERNAL, std::string("shm ") + entry + ": out of host memory"});
+  } catch (const std::exception& error) {
+    return report({ARBITER_INTERNAL, std::string("shm ") + entry + ": " + error.what()});
+  } catch (...) {
+    return report({ARBITER_INTERNAL, std::string("shm ") + entry + ": unknown exception"});
+  }
+}
+
+Workspace* from_handle(arbiter_workspace* handle) { return reinterpret_cast<Workspace*>(handle); }
+
+const char* dtype_name(arbiter_dtype dtype) {
+  switch (dtype) {
+    case ARBITER_DTYPE_FP16:
+      return "fp16";
+    case ARBITER_DTYPE_BF16:
+      return "bf16";
+    default:
+      return "fp32";
+  }
+}
+
+bool aligned(const void* pointer, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
+}
+
+// Everything run() can reject before touching any memory. Returns OK with
+// `empty` set when there is nothing to do (tokens == 0).
+Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args, bool& empty) {
+  empty = false;
+  if (args == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: args is NULL"};
+  const arbiter_allreduce_args& a = *args;
+  if (a.pattern < ARBITER_PATTERN_ALLREDUCE || a.pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+    return {ARBITER_INVALID_ARGUMENT, "shm run: unknown pattern " + std::to_string(a.pattern)};
+  }
+  if (a.algorithm < ARBITER_ALGORITHM_ONESHOT || a.algorithm > ARBITER_ALGORITHM_NATIVE) {
+    return {ARBITER_INVALID_ARGUMENT, "shm run: unknown algorithm " + std::to_string(a.algorithm)};
+  }
+  if (!common::is_valid_dtype(a.dtype)) {
+    return {ARBITER_INVALID_ARGUMENT, "shm run: unknown dtype " + std::to_string(a.dtype)};
+  }
+  if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+    return {ARBITER_UNSUPPORTED,
+            "shm run: residual_rmsnorm_fp4 (NVFP4) is not supported on CPU ranks; use "
+            "residual_rmsnorm_fp8 or residual_rmsnorm"};
+  }
+  if (a.dtype != workspace.dtype()) {
+    return {ARBITER_UNSUPPORTED, std::string("shm run: the workspace was created for ") +
+                                     dtype_name(workspace.dtype()) + ", this call is " +
+                                     dtype_name(a.dtype)};
+  }
+  if (a.hidden == 0) return {ARBITER_INVALID_ARGUMENT, "shm run: hidden is 0"};
+  const std::size_t element = common::dtype_size(a.dtype);
+  const std::uint64_t bytes = std::uint64_t{a.tokens} * a.hidden * element;
+  if (bytes > workspace.max_message_bytes()) {
+    return {ARBITER_UNSUPPORTED,
+            "shm run: message of " + std::to_string(bytes) + " bytes (" + std::to_string(a.tokens) +
+                " tokens x " + std::to_string(a.hidden) + ") exceeds the workspace's " +
+                std::to_string(workspace.max_message_bytes()) + " bytes per rank"};
+  }
+  if (a.tokens == 0) {
+    empty = true;
+    return {};
+  }
+  auto missing = [](const char* what) {
+    return Status{ARBITER_INVALID_ARGUMENT, std::string("shm run: ") + what + " is NULL"};
+  };
+  if (a.input == nullptr) return missing("input");
+  if (a.pattern == ARBITER_PATTERN_ALLREDUCE && a.allreduce_out == nullptr) {
+    return missing("allreduce_out (required for pattern allreduce)");
+  }
+  if (a.pattern != ARBITER_PATTERN_ALLREDUCE) {
+    if (a.residual_in == nullptr) return missing("residual_in");
+    if (a.gamma == nullptr) return missing("gamma");
+  }
+  if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
+    if (a.quant_out == nullptr) return missing("quant_out");
+    if (a.scale == nullptr) return missing("scale");
+  }
+  const void* const buffers[] = {a.allreduce_out, a.residual_in, a.residual_out, a.gamma,
+                                 a.norm_out};
+  for (const void* buffer : buffers) {
+    if (buffer != nullptr && !aligned(buffer, element)) {
+      return {ARBITER_INVALID_ARGUMENT,
+              "shm run: an output, residual or gamma buffer is not "
+              "aligned to its element size"};
+    }
+  }
+  return {};
+}
+
+std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  return guarded("probe", [&]() -> Status {
+    if (args == nullptr || caps == nullptr) {
+      return {ARBITER_INVALID_ARGUMENT, "shm probe: args and caps must not be NULL"};
+    }
+    if (args->device_kind != ARBITER_DEVICE_CPU) {
+      return {ARBITER_UNAVAILABLE, "shm serves CPU ranks only; this rank uses a GPU"};
+    }
+    arbiter_backend_caps result{};
+    result.device_kind = ARBITER_DEVICE_CPU;
+    result.capability = 0;
+    for (std::int32_t size = kMinWorldSize; size <= kMaxWorldSize; ++size) {
+      result.world_size_mask |= std::uint64_t{1} << size;
+    }
+    result.dtype_mask =
+        (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
+    result.pattern_mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
+                          (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
+                          (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
+    result.algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT) |
+                            (1u << ARBITER_ALGORITHM_NATIVE);
+    result.flags = ARBITER_CAPS_SINGLE_NODE_ONLY;
+    *caps = result;
+    return {};
+  });
+}
+
+std::int32_t workspace_create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                              arbiter_workspace** out) {
+  return guarded("workspace_create", [&]() -> Status {
+    if (out != nullptr) *out = nullptr;
+    if (oob == nullptr || spec == nullptr || out == nullptr) {
+      return {ARBITER_INVALID_ARGUMENT, "shm workspace_create: oob, spec and out must not be NULL"};
+    }
+    if (oob->allgather == nullptr || oob->broadcast == nullptr) {
+      return {ARBITER_INVALID_ARGUMENT,
+              "shm workspace_create: the oob lacks allgather or broadcast"};
+    }
+    Workspace* workspace = nullptr;
+    Status status = create_workspace(*oob, *spec, &workspace);
+    *out = reinterpret_cast<arbiter_workspace*>(workspace);
+    return status;
+  });
+}
+
+std::uint64_t max_message_bytes(const arbiter_workspace* handle, arbiter_algorithm) {
+  // Every algorithm has one slot of max_message_bytes per rank.
+  if (handle == nullptr) return 0;
+  return reinterpret_cast<const Workspace*>(handle)->max_message_bytes();
+}
+
+std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, void*) {
+  return guarded("run", [&]() -> Status {
+    if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
+    Workspace& workspace = *from_handle(handle);
+    bool empty = false;
+    if (Status status = check_run(workspace, args, empty); !status.ok() || empty) return status;
+    if (Status status = workspace.usable(); !status.ok()) return status;
+    ++workspace.calls;
+    switch (args->algorithm) {
+      case ARBITER_ALGORITHM_ONESHOT:
+        return run_oneshot(workspace, *args);
+      case ARBITER_ALGORITHM_TWOSHOT:
+        return run_twoshot(workspace, *args);
+      default:
+        return run_native(workspace, *args);
+    }
+  });
+}
+
+void workspace_destroy(arbiter_workspace* handle) {
+  try {
+    delete from_handle(handle);
+  } catch (...) {
+    // munmap cannot throw; nothing to report through a void entry point.
+  }
+}
+
+const char* last_error() { return last_error_message(); }
+
+}  // namespace
+
+}  // namespace arbiter::shm
+
+extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 = {
+    ARBITER_BACKEND_ABI_VERSION,
+    "shm",
+    arbiter::shm::probe,
+    arbiter::shm::workspace_create,
+    arbiter::shm::max_message_bytes,
+    arbiter::shm::run,
+    arbiter::shm::workspace_destroy,
+    arbiter::shm::last_error,
+};

@@ -1,0 +1,57 @@
+// The unfused path: a plain all-reduce through the shared buffer, then the
+// residual add and norm (+quant) as a separate pass over the stored sums,
+// the way NCCL followed by a norm kernel would run it. Same results, bit for
+// bit, as the fused algorithms: the epilogue rounds the sum to the dtype
+// first, and here it reads the already rounded sum.
+#include <cstddef>
+#include <cstdint>
+
+#include "algorithms.h"
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/rmsnorm.h"
+#include "slot_io.h"
+
+namespace arbiter::shm {
+
+Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
+  const arbiter_dtype dtype = workspace.dtype();
+  const std::int32_t ranks = workspace.world_size();
+  const std::uint32_t hidden = args.hidden;
+  const std::size_t elements = static_cast<std::size_t>(args.tokens) * hidden;
+  const std::size_t bytes = elements * common::dtype_size(dtype);
+
+  write_sanitized(workspace.twoshot_input(workspace.rank()), args.input, bytes, dtype);
+  Backoff backoff = workspace.start_call();
+  Status status = workspace.barrier(backoff, "native barrier 1 (inputs copied)");
+  if (!status.ok()) return status;
+
+  void* sums = args.allreduce_out;
+  if (sums == nullptr) {
+    if (workspace.sum_buffer.size() < bytes) workspace.sum_buffer.resize(bytes);
+    sums = workspace.sum_buffer.data();
+  }
+  for (std::size_t i = 0; i < elements; ++i) {
+    float sum = common::load_element(workspace.twoshot_input(0), i, dtype);
+    for (std::int32_t peer = 1; peer < ranks; ++peer) {
+      sum += common::load_element(workspace.twoshot_input(peer), i, dtype);
+    }
+    common::store_element(sums, i, dtype, sum);
+  }
+  // Nobody may overwrite its input copy (next call) while another rank sums.
+  status = workspace.barrier(backoff, "native barrier 2 (inputs read)");
+  if (!status.ok()) return status;
+  if (!common::pattern_has_norm(args.pattern)) return {};
+
+  arbiter_allreduce_args norm_args = args;
+  norm_args.allreduce_out = nullptr;  // already written above
+  if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
+  float* row = workspace.accumulator.data();
+  for (std::uint32_t token = 0; token < args.tokens; ++token) {
+    const std::size_t base = static_cast<std::size_t>(token) * hidden;
+    for (std::uint32_t i = 0; i < hidden; ++i) row[i] = common::load_element(sums, base + i, dtype);
+    common::apply_epilogue_token(norm_args, token, row);
+  }
+  return {};
+}
+
+}  // namespace arbiter::shm

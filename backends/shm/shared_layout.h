@@ -1,0 +1,67 @@
+// The layout of the shared-memory object every rank maps.
+//
+//   [header 4 KiB][barrier flags: one 64-byte line per rank, padded to 4 KiB]
+//   [one-shot: 3 stages x world_size slots][two-shot inputs: world_size slots]
+//   [two-shot / native sums: 1 slot]
+//
+// A slot holds one rank's message (max_message_bytes, rounded up to 64).
+// Rank 0 writes the header and fills the one-shot stages with the dtype's
+// -0.0 before anyone else maps the object; the rest starts zeroed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace arbiter::shm {
+
+inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
+inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::size_t kLine = 64;
+inline constexpr std::size_t kPage = 4096;
+
+// Lives at offset 0 of the mapping. Plain fields are written once by rank 0
+// before the others map; `failed_rank` is accessed only through atomic_ref.
+struct SharedHeader {
+  std::uint32_t magic;
+  std::uint32_t layout_version;
+  std::int32_t world_size;
+  std::uint32_t dtype;
+  std::uint64_t max_message_bytes;
+  std::uint64_t total_bytes;
+  // (rank + 1) of the first rank that gave up on a wait, or 0. Once set the
+  // workspace is dead: every waiter returns and every later run() fails.
+  alignas(kLine) std::uint32_t failed_rank;
+};
+static_assert(sizeof(SharedHeader) <= kPage);
+
+struct Layout {
+  std::size_t slot_stride = 0;
+  std::size_t flags = 0;  // offsets from the start of the mapping
+  std::size_t oneshot = 0;
+  std::size_t twoshot_inputs = 0;
+  std::size_t sums = 0;
+  std::size_t total = 0;
+};
+
+inline std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// nullopt when the sizes overflow.
+inline std::optional<Layout> compute_layout(std::int32_t world_size,
+                                            std::uint64_t max_message_bytes) {
+  constexpr std::uint64_t kLimit = std::uint64_t{1} << 46;  // 64 TiB: beyond any real mapping
+  if (world_size <= 0 || max_message_bytes == 0 || max_message_bytes > kLimit) return std::nullopt;
+  const auto ranks = static_cast<std::size_t>(world_size);
+  Layout layout;
+  layout.slot_stride = round_up(max_message_bytes, kLine);
+  layout.flags = kPage;
+  layout.oneshot = layout.flags + round_up(ranks * kLine, kPage);
+  layout.twoshot_inputs = layout.oneshot + 3 * ranks * layout.slot_stride;
+  layout.sums = layout.twoshot_inputs + ranks * layout.slot_stride;
+  layout.total = round_up(layout.sums + layout.slot_stride, kPage);
+  return layout;
+}
+
+}  // namespace arbiter::shm

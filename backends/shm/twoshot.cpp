@@ -1,0 +1,57 @@
+// Two-shot: reduce-scatter by token slices, then every rank reads all sums.
+//
+// Barrier 1 makes every input copy visible before anyone sums; barrier 2
+// makes every slice sum visible before anyone runs the epilogue, and also
+// keeps a fast rank from overwriting its input copy (next call) while a slow
+// one still sums from it. The next call's barrier 1 likewise keeps the sums
+// region from being overwritten while a slow rank still reads it.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "algorithms.h"
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/partition.h"
+#include "arbiter/common/rmsnorm.h"
+#include "slot_io.h"
+
+namespace arbiter::shm {
+
+Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
+  const arbiter_dtype dtype = workspace.dtype();
+  const std::int32_t ranks = workspace.world_size();
+  const std::uint32_t hidden = args.hidden;
+  const std::size_t elements = static_cast<std::size_t>(args.tokens) * hidden;
+
+  // Sanitised like one-shot, so -0.0 inputs give the same bits everywhere.
+  write_sanitized(workspace.twoshot_input(workspace.rank()), args.input,
+                  elements * common::dtype_size(dtype), dtype);
+  Backoff backoff = workspace.start_call();
+  Status status = workspace.barrier(backoff, "two-shot barrier 1 (inputs copied)");
+  if (!status.ok()) return status;
+
+  const auto rank = static_cast<std::uint32_t>(workspace.rank());
+  const std::size_t begin = std::size_t{common::slice_begin(args.tokens, ranks, rank)} * hidden;
+  const std::size_t end = std::size_t{common::slice_end(args.tokens, ranks, rank)} * hidden;
+  std::byte* sums = workspace.sums();
+  for (std::size_t i = begin; i < end; ++i) {
+    float sum = common::load_element(workspace.twoshot_input(0), i, dtype);
+    for (std::int32_t peer = 1; peer < ranks; ++peer) {
+      sum += common::load_element(workspace.twoshot_input(peer), i, dtype);
+    }
+    common::store_element(sums, i, dtype, sum);
+  }
+  status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
+  if (!status.ok()) return status;
+
+  std::vector<float>& row = workspace.accumulator;
+  if (row.size() < hidden) row.resize(hidden);
+  for (std::uint32_t token = 0; token < args.tokens; ++token) {
+    const std::size_t base = static_cast<std::size_t>(token) * hidden;
+    for (std::uint32_t i = 0; i < hidden; ++i) row[i] = common::load_element(sums, base + i, dtype);
+    common::apply_epilogue_token(args, token, row.data());
+  }
+  return {};
+}
+
+}  // namespace arbiter::shm

@@ -1,0 +1,94 @@
+#include "workspace.h"
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <string>
+
+#include "arbiter/common/stages.h"
+
+namespace arbiter::shm {
+
+Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
+                     arbiter_dtype dtype, std::uint64_t max_message_bytes, std::int64_t timeout_ms)
+    : base_(base),
+      layout_(layout),
+      rank_(rank),
+      world_size_(world_size),
+      dtype_(dtype),
+      max_message_bytes_(max_message_bytes),
+      timeout_ms_(timeout_ms) {}
+
+// The object was unlinked at creation, so the memory goes away with the last
+// rank's unmap; no rank has to wait for the others here.
+Workspace::~Workspace() { munmap(base_, layout_.total); }
+
+std::byte* Workspace::oneshot_slot(std::uint32_t stage_index, std::int32_t rank) {
+  const std::size_t slot = static_cast<std::size_t>(stage_index) * world_size_ + rank;
+  return static_cast<std::byte*>(base_) + layout_.oneshot + slot * layout_.slot_stride;
+}
+
+std::byte* Workspace::twoshot_input(std::int32_t rank) {
+  return static_cast<std::byte*>(base_) + layout_.twoshot_inputs +
+         static_cast<std::size_t>(rank) * layout_.slot_stride;
+}
+
+std::byte* Workspace::sums() { return static_cast<std::byte*>(base_) + layout_.sums; }
+
+Backoff Workspace::start_call() {
+  return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_),
+                 &header().failed_rank);
+}
+
+Status Workspace::barrier(Backoff& backoff, const char* what) {
+  auto* flags = static_cast<std::byte*>(base_) + layout_.flags;
+  auto flag_of = [&](std::int32_t rank) {
+    return std::atomic_ref<std::uint32_t>(
+        *reinterpret_cast<std::uint32_t*>(flags + static_cast<std::size_t>(rank) * kLine));
+  };
+  barrier_flag_ = common::next_flag(barrier_flag_);
+  // Release: everything this rank wrote before the barrier is visible to a
+  // peer that has seen the new flag (acquire below, on its side).
+  flag_of(rank_).store(barrier_flag_, std::memory_order_release);
+  const std::uint32_t not_arrived = common::previous_flag(barrier_flag_);
+  for (std::int32_t peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    while (flag_of(peer).load(std::memory_order_acquire) == not_arrived) {
+      const WaitState state = backoff.pause();
+      if (state != WaitState::kKeepWaiting) {
+        return wait_failed(
+            state, std::string(what) + " (rank " + std::to_string(peer) + " has not arrived)");
+      }
+    }
+    backoff.progress();
+  }
+  return {};
+}
+
+Status Workspace::wait_failed(WaitState state, const std::string& what) {
+  std::atomic_ref<std::uint32_t> failed(header().failed_rank);
+  const std::string call =
+      "shm rank " + std::to_string(rank_) + ", call " + std::to_string(calls) + ": ";
+  if (state == WaitState::kTimedOut) {
+    std::uint32_t expected = 0;  // the first rank to give up is the one named
+    failed.compare_exchange_strong(expected, static_cast<std::uint32_t>(rank_) + 1,
+                                   std::memory_order_acq_rel);
+    return {ARBITER_TIMEOUT, call + "timed out after " + std::to_string(timeout_ms_) +
+                                 " ms waiting for " + what + "; the workspace is no longer usable"};
+  }
+  const std::uint32_t who = failed.load(std::memory_order_acquire);
+  return {ARBITER_PEER_FAILED, call + "rank " + std::to_string(who - 1) +
+                                   " gave up (timeout) while this rank waited for " + what +
+                                   "; the workspace is no longer usable"};
+}
+
+Status Workspace::usable() {
+  const std::uint32_t who =
+      std::atomic_ref<std::uint32_t>(header().failed_rank).load(std::memory_order_acquire);
+  if (who == 0) return {};
+  return {ARBITER_PEER_FAILED, "shm: rank " + std::to_string(who - 1) +
+                                   " timed out in an earlier call; this workspace can no "
+                                   "longer be used (destroy it and create a new one)"};
+}
+
+}  // namespace arbiter::shm

@@ -1,0 +1,80 @@
+// One rank's view of the shared workspace, and what its algorithms share:
+// slot addresses, the barrier, failure handling, the per-call deadline.
+//
+// Thread-safety: one thread at a time per workspace (the rank's), as the ABI
+// requires. Different processes coordinate only through the mapping.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "arbiter_backend.h"
+#include "backoff.h"
+#include "shared_layout.h"
+#include "status.h"
+
+namespace arbiter::shm {
+
+class Workspace {
+ public:
+  // Takes ownership of a mapping of layout.total bytes at `base`.
+  Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
+            arbiter_dtype dtype, std::uint64_t max_message_bytes, std::int64_t timeout_ms);
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  std::int32_t rank() const { return rank_; }
+  std::int32_t world_size() const { return world_size_; }
+  arbiter_dtype dtype() const { return dtype_; }
+  std::uint64_t max_message_bytes() const { return max_message_bytes_; }
+
+  SharedHeader& header() { return *static_cast<SharedHeader*>(base_); }
+  std::byte* oneshot_slot(std::uint32_t stage, std::int32_t rank);
+  std::byte* twoshot_input(std::int32_t rank);
+  std::byte* sums();
+
+  // A backoff whose deadline is timeout_ms from now, for one run().
+  Backoff start_call();
+
+  // Waits until every rank has reached the same barrier (flags cycling
+  // through three values). `what` names the barrier in errors.
+  Status barrier(Backoff& backoff, const char* what);
+
+  // Turns a stopped wait into a Status naming `what` was awaited; a timeout
+  // also marks the workspace failed for every rank.
+  Status wait_failed(WaitState state, const std::string& what);
+
+  // OK, or why this workspace can no longer be used.
+  Status usable();
+
+  // Lamport bookkeeping, identical on every rank: the stage the next
+  // one-shot call uses, and how many bytes this rank wrote into each stage.
+  std::uint32_t stage = 0;
+  std::array<std::uint64_t, 3> written_bytes{};
+  std::uint64_t calls = 0;  // run() calls so far, for messages
+
+  // Host scratch reused across calls (grown, never shrunk).
+  std::vector<float> accumulator;
+  std::vector<std::byte> sum_buffer;
+
+ private:
+  void* base_;
+  Layout layout_;
+  std::int32_t rank_;
+  std::int32_t world_size_;
+  arbiter_dtype dtype_;
+  std::uint64_t max_message_bytes_;
+  std::int64_t timeout_ms_;
+  std::uint32_t barrier_flag_ = 0;
+};
+
+// Collective over oob: see workspace_create.cpp.
+Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                        Workspace** out);
+
+}  // namespace arbiter::shm

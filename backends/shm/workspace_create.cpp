@@ -1,0 +1,344 @@
+// Workspace creation: a collective rendezvous over the host's oob.
+//
+//   1. allgather each rank's parameters, host identity and local verdict;
+//      every rank derives the same go/no-go from the same data;
+//   2. rank 0 creates the POSIX shared-memory object (random name, O_EXCL),
+//      reserves its pages, lays it out, and broadcasts name and status;
+//   3. the others open and map it; allgather of every rank's status (this is
+//      also the barrier after which everyone has the object open);
+//   4. rank 0 unlinks the name, so a crash afterwards leaves nothing behind.
+// A failure anywhere fails creation on every rank, with the failing rank and
+// its reason in the message. Every oob call carries spec.timeout_ms.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/sentinel.h"
+#include "workspace.h"
+
+namespace arbiter::shm {
+
+namespace {
+
+constexpr std::size_t kTextBytes = 192;
+constexpr std::size_t kNameBytes = 64;
+constexpr std::int32_t kMaxWorldSize = 63;  // world_size_mask has bits 0..63
+constexpr const char* kNamePrefix = "/arbiter-shm-";
+
+// Step 1, from every rank.
+struct Hello {
+  std::int32_t status;
+  std::int32_t rank;
+  std::int32_t world_size;
+  std::uint32_t dtype;
+  std::uint64_t max_message_bytes;
+  char host[kNameBytes];
+  char message[kTextBytes];
+};
+
+// Step 2, from rank 0.
+struct Announcement {
+  std::int32_t status;
+  std::uint32_t reserved;
+  std::uint64_t total_bytes;
+  char name[kNameBytes];
+  char message[kTextBytes];
+};
+
+// Step 3, from every rank.
+struct Report {
+  std::int32_t status;
+  char message[kTextBytes];
+};
+
+template <std::size_t N>
+void copy_text(char (&destination)[N], const std::string& text) {
+  const std::size_t length = std::min(text.size(), N - 1);
+  std::memcpy(destination, text.data(), length);
+  destination[length] = '\0';
+}
+
+template <std::size_t N>
+std::string read_text(const char (&source)[N]) {
+  return std::string(source, strnlen(source, N));
+}
+
+std::string errno_text(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
+
+const char* dtype_name(std::uint32_t dtype) {
+  switch (dtype) {
+    case ARBITER_DTYPE_FP16:
+      return "fp16";
+    case ARBITER_DTYPE_BF16:
+      return "bf16";
+    case ARBITER_DTYPE_FP32:
+      return "fp32";
+    default:
+      return "unknown";
+  }
+}
+
+// Hostname plus boot id: two machines (or containers on two machines) with
+// the same hostname still differ.
+std::string host_identity() {
+  char name[kNameBytes] = {};
+  if (gethostname(name, sizeof name - 1) != 0) std::strcpy(name, "?");
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(name) + "/" + boot.substr(0, 8);
+}
+
+Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
+  const bool known = code > ARBITER_OK && code <= ARBITER_INTERNAL;
+  const char* reason = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
+  return {known ? static_cast<arbiter_status>(code) : ARBITER_INTERNAL,
+          std::string("shm workspace creation: oob ") + step + " failed (code " +
+              std::to_string(code) + "): " + (reason ? reason : "no reason given")};
+}
+
+Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
+  if (spec.world_size < 2 || spec.world_size > kMaxWorldSize) {
+    return {ARBITER_UNSUPPORTED, "world size " + std::to_string(spec.world_size) +
+                                     " is outside the 2..63 this backend supports"};
+  }
+  if (oob.size != spec.world_size) {
+    return {ARBITER_INVALID_ARGUMENT, "spec.world_size is " + std::to_string(spec.world_size) +
+                                          " but the oob group has " + std::to_string(oob.size) +
+                                          " ranks (scope the oob to the all-reduce group)"};
+  }
+  if (oob.rank != spec.rank) {
+    return {ARBITER_INVALID_ARGUMENT, "spec.rank is " + std::to_string(spec.rank) +
+                                          " but the oob says this is rank " +
+                                          std::to_string(oob.rank)};
+  }
+  if (spec.timeout_ms <= 0) {
+    return {ARBITER_INVALID_ARGUMENT,
+            "timeout_ms must be positive, got " + std::to_string(spec.timeout_ms)};
+  }
+  if (!common::is_valid_dtype(spec.dtype)) {
+    return {ARBITER_INVALID_ARGUMENT, "unknown dtype " + std::to_string(spec.dtype)};
+  }
+  if (spec.nodes > 1) {
+    return {ARBITER_UNSUPPORTED,
+            "shm is single-node only; spec.nodes is " + std::to_string(spec.nodes)};
+  }
+  if (spec.max_message_bytes == 0 || !compute_layout(spec.world_size, spec.max_message_bytes)) {
+    return {ARBITER_INVALID_ARGUMENT, "max_message_bytes " +
+                                          std::to_string(spec.max_message_bytes) +
+                                          " must be between 1 and 64 TiB"};
+  }
+  return {};
+}
+
+// Step 1's verdict, computed identically on every rank from the same data.
+Status judge_hellos(const std::vector<Hello>& hellos) {
+  for (std::size_t rank = 0; rank < hellos.size(); ++rank) {
+    if (hellos[rank].status != ARBITER_OK) {
+      return {static_cast<arbiter_status>(hellos[rank].status),
+              "shm workspace creation failed on rank " + std::to_string(rank) + ": " +
+                  read_text(hellos[rank].message)};
+    }
+  }
+  const Hello& first = hellos.front();
+  for (std::size_t rank = 1; rank < hellos.size(); ++rank) {
+    const Hello& other = hellos[rank];
+    const std::string ranks = "rank 0 and rank " + std::to_string(rank);
+    if (other.world_size != first.world_size || other.dtype != first.dtype ||
+        other.max_message_bytes != first.max_message_bytes) {
+      return {ARBITER_INVALID_ARGUMENT,
+              "shm workspace creation: " + ranks + " disagree on the workspace (world size " +
+                  std::to_string(first.world_size) + " vs " + std::to_string(other.world_size) +
+                  ", dtype " + dtype_name(first.dtype) + " vs " + dtype_name(other.dtype) +
+                  ", max_message_bytes " + std::to_string(first.max_message_bytes) + " vs " +
+                  std::to_string(other.max_message_bytes) + ")"};
+    }
+    if (std::strncmp(other.host, first.host, kNameBytes) != 0) {
+      return {ARBITER_UNAVAILABLE, "shm needs every rank on one host: rank 0 runs on " +
+                                       read_text(first.host) + ", rank " + std::to_string(rank) +
+                                       " on " + read_text(other.host)};
+    }
+  }
+  return {};
+}
+
+void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec& spec) {
+  auto* header = static_cast<SharedHeader*>(base);
+  header->magic = kMagic;
+  header->layout_version = kLayoutVersion;
+  header->world_size = spec.world_size;
+  header->dtype = spec.dtype;
+  header->max_message_bytes = spec.max_message_bytes;
+  header->total_bytes = layout.total;
+  header->failed_rank = 0;
+  // Every one-shot slot starts as "not written yet".
+  auto* stages = reinterpret_cast<std::uint64_t*>(static_cast<std::byte*>(base) + layout.oneshot);
+  std::fill(stages, stages + (layout.twoshot_inputs - layout.oneshot) / 8,
+            common::negative_zero_word(spec.dtype));
+}
+
+// Step 2 on rank 0. On success `name` is linked and `*base` mapped; on
+// failure neither exists any more.
+Status create_object(const Layout& layout, const arbiter_workspace_spec& spec, std::string& name,
+                     void** base) {
+  std::random_device random;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    char suffix[17];
+    std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
+    name = std::string(kNamePrefix) + suffix;
+    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno != EEXIST) return {ARBITER_UNAVAILABLE, errno_text("shm_open")};
+  }
+  if (fd < 0) return {ARBITER_UNAVAILABLE, "shm_open: no free name after 16 attempts"};
+  Status status;
+  if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
+    status = {ARBITER_UNAVAILABLE, errno_text("ftruncate")};
+  } else if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(layout.total));
+             error != 0 && error != EOPNOTSUPP && error != EINVAL) {
+    // Reserve the pages now: on a full /dev/shm a later first touch would
+    // kill the process with SIGBUS instead of failing here.
+    status = {ARBITER_UNAVAILABLE, "posix_fallocate(" + std::to_string(layout.total) +
+                                       " bytes) on /dev/shm: " + std::strerror(error)};
+  } else {
+    *base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (*base == MAP_FAILED) {
+      *base = nullptr;
+      status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
+    } else {
+      fill_header(*base, layout, spec);
+    }
+  }
+  close(fd);
+  if (!status.ok()) shm_unlink(name.c_str());
+  return status;
+}
+
+// Step 3 on ranks other than 0.
+Status map_object(const std::string& name, const Layout& layout, const arbiter_workspace_spec& spec,
+                  void** base) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return {ARBITER_UNAVAILABLE, errno_text(("shm_open(" + name + ")").c_str())};
+  struct stat info {};
+  Status status;
+  if (fstat(fd, &info) != 0) {
+    status = {ARBITER_UNAVAILABLE, errno_text("fstat")};
+  } else if (static_cast<std::size_t>(info.st_size) != layout.total) {
+    status = {ARBITER_INTERNAL, name + " has " + std::to_string(info.st_size) +
+                                    " bytes, expected " + std::to_string(layout.total)};
+  } else {
+    *base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (*base == MAP_FAILED) {
+      *base = nullptr;
+      status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  const auto* header = static_cast<const SharedHeader*>(*base);
+  if (header->magic != kMagic || header->layout_version != kLayoutVersion ||
+      header->world_size != spec.world_size || header->dtype != spec.dtype ||
+      header->max_message_bytes != spec.max_message_bytes || header->total_bytes != layout.total) {
+    munmap(*base, layout.total);
+    *base = nullptr;
+    return {ARBITER_INTERNAL, name + " does not hold the workspace this rank expects"};
+  }
+  return {};
+}
+
+}  // namespace
+
+Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                        Workspace** out) {
+  *out = nullptr;
+  const std::int64_t timeout = spec.timeout_ms;
+  const std::size_t ranks = oob.size > 0 ? static_cast<std::size_t>(oob.size) : 1;
+
+  // 1. Parameters and local verdicts.
+  Hello hello{};
+  const Status local = check_spec(oob, spec);
+  hello.status = local.code();
+  hello.rank = oob.rank;
+  hello.world_size = spec.world_size;
+  hello.dtype = spec.dtype;
+  hello.max_message_bytes = spec.max_message_bytes;
+  copy_text(hello.host, host_identity());
+  copy_text(hello.message, local.message());
+  std::vector<Hello> hellos(ranks);
+  std::int32_t code = oob.allgather(oob.ctx, &hello, hellos.data(), sizeof(Hello), timeout);
+  if (code != ARBITER_OK) return oob_failed(oob, code, "allgather of workspace parameters");
+  if (Status verdict = judge_hellos(hellos); !verdict.ok()) return verdict;
+  const Layout layout = *compute_layout(spec.world_size, spec.max_message_bytes);
+
+  // 2. Rank 0 creates; everyone learns the name or why there is none.
+  Announcement announcement{};
+  std::string name;
+  void* base = nullptr;
+  if (spec.rank == 0) {
+    const Status created = create_object(layout, spec, name, &base);
+    announcement.status = created.code();
+    announcement.total_bytes = layout.total;
+    copy_text(announcement.name, name);
+    copy_text(announcement.message, created.message());
+  }
+  auto abandon = [&] {
+    if (base != nullptr) munmap(base, layout.total);
+    if (spec.rank == 0 && announcement.status == ARBITER_OK) shm_unlink(name.c_str());
+  };
+  code = oob.broadcast(oob.ctx, &announcement, sizeof announcement, 0, timeout);
+  if (code != ARBITER_OK) {
+    abandon();
+    return oob_failed(oob, code, "broadcast of the shared-memory name");
+  }
+  if (announcement.status != ARBITER_OK) {
+    return {static_cast<arbiter_status>(announcement.status),
+            "shm workspace creation: rank 0 could not create the shared memory (" +
+                std::to_string(layout.total) + " bytes): " + read_text(announcement.message)};
+  }
+  name = read_text(announcement.name);
+
+  // 3. Everyone else maps it; the allgather is the barrier after which
+  // every rank holds the object (or has said why not).
+  Report report{};
+  if (spec.rank != 0) {
+    const Status mapped = map_object(name, layout, spec, &base);
+    report.status = mapped.code();
+    copy_text(report.message, mapped.message());
+  }
+  std::vector<Report> reports(ranks);
+  code = oob.allgather(oob.ctx, &report, reports.data(), sizeof(Report), timeout);
+  // 4. Nobody opens it by name any more.
+  if (spec.rank == 0) shm_unlink(name.c_str());
+  if (code != ARBITER_OK) {
+    if (base != nullptr) munmap(base, layout.total);
+    return oob_failed(oob, code, "allgather of mapping results");
+  }
+  for (std::size_t rank = 0; rank < ranks; ++rank) {
+    if (reports[rank].status != ARBITER_OK) {
+      if (base != nullptr) munmap(base, layout.total);
+      return {static_cast<arbiter_status>(reports[rank].status),
+              "shm workspace creation: rank " + std::to_string(rank) + " could not map " + name +
+                  ": " + read_text(reports[rank].message)};
+    }
+  }
+  try {
+    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype,
+                         spec.max_message_bytes, timeout);
+  } catch (...) {
+    munmap(base, layout.total);
+    throw;
+  }
+  return {};
+}
+
+}  // namespace arbiter::shm
