@@ -1,0 +1,773 @@
+// C entry points of the nccl backend (libarbiter-nccl.so).
+//
+// run() = ncclAllReduce(sum) on the caller's stream, then, for the norm
+// patterns, one kernel of ours (epilogue.cuh) for residual add + RMSNorm
+// (+ FP8). Every entry point catches everything and maps it to an ABI code.
+//
+// Creation and teardown are bounded by spec->timeout_ms: the communicator is
+// created non-blocking and polled against that deadline, so a peer that dies
+// during ncclCommInitRank cannot hang the others forever. The same deadline
+// bounds a collective that NCCL reports as still being enqueued
+// (ncclInProgress, e.g. while it connects lazily to peers) and the finalise
+// of workspace_destroy (then the communicator is aborted; NCCL makes abort
+// and destroy blocking even for non-blocking communicators). timeout_ms <= 0
+// means no deadline. Each wait gets the whole timeout: creation can take up
+// to three of them (two oob exchanges and the NCCL init). What no deadline
+// covers is a peer that dies after a collective was enqueued: the GPU work
+// then waits on the stream, as in any NCCL program.
+//
+// run() allocates nothing itself, but NCCL connects to peers lazily on the
+// first collective of each algorithm (NCCL_RUNTIME_CONNECT=1, the default),
+// which allocates: run every shape once before CUDA-graph capture, or set
+// NCCL_RUNTIME_CONNECT=0.
+#include <nccl.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "arbiter_backend.h"
+#include "arch_coverage.h"
+#include "epilogue_launch.h"
+
+// One rank's communicator and scratch. Used by one thread at a time.
+struct arbiter_workspace {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  int32_t world_size = 0;
+  int32_t rank = 0;
+  uint32_t pattern_mask = 0;
+  // Patterns this device can run (the norm ones need a kernel built for it).
+  uint32_t device_patterns = 0;
+  int64_t timeout_ms = 0;
+  // Destination of the sum when neither allreduce_out nor residual_out can
+  // take it (residual_out aliases residual_in); messages larger than it run
+  // in chunks of whole tokens, on every rank alike.
+  void* scratch = nullptr;
+  uint64_t scratch_bytes = 0;
+  // Set when NCCL reported an error: the communicator is aborted, never
+  // finalised, and run() refuses to use it.
+  bool broken = false;
+  std::string broken_reason;
+};
+
+namespace {
+
+constexpr uint32_t kSupportedPatterns = (1u << ARBITER_PATTERN_ALLREDUCE) |
+                                        (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
+                                        (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
+constexpr uint32_t kNormPatterns =
+    (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) | (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
+constexpr uint32_t kSupportedDtypes =
+    (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
+// World sizes 2..63 (bit w = world size w).
+constexpr uint64_t kWorldSizeMask = ~uint64_t{3};
+// ncclConfig_t.blocking and ncclCommGetAsyncError: NCCL 2.14.
+constexpr int kMinNcclVersion = 21400;
+// Scratch: at least this much (fewer, larger NCCL calls when chunking), at
+// most that much (chunks this large are bandwidth-bound anyway).
+constexpr uint64_t kMinScratchBytes = uint64_t{16} << 20;
+constexpr uint64_t kMaxScratchBytes = uint64_t{256} << 20;
+
+thread_local std::string t_last_error;
+
+struct Status {
+  int32_t code = ARBITER_OK;
+  std::string message;
+  bool ok() const { return code == ARBITER_OK; }
+};
+
+Status error(int32_t code, std::string message) { return Status{code, std::move(message)}; }
+
+int32_t report(const Status& s) {
+  if (!s.ok()) t_last_error = "nccl: " + s.message;
+  return s.code;
+}
+
+std::string cuda_message(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+std::string nccl_message(const char* what, ncclResult_t r, ncclComm_t comm) {
+  std::string m = std::string(what) + ": " + ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') m += std::string(" (") + last + ")";
+  return m;
+}
+
+// Makes `device` current for the scope and restores the caller's device.
+class DeviceScope {
+ public:
+  DeviceScope() { had_ = cudaGetDevice(&previous_) == cudaSuccess; }
+  ~DeviceScope() {
+    if (had_ && switched_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+  cudaError_t use(int device) {
+    if (had_ && previous_ == device) return cudaSuccess;
+    const cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) switched_ = true;
+    return e;
+  }
+
+ private:
+  int previous_ = 0;
+  bool had_ = false;
+  bool switched_ = false;
+};
+
+class Deadline {
+ public:
+  // timeout_ms <= 0: no deadline.
+  explicit Deadline(int64_t timeout_ms)
+      : bounded_(timeout_ms > 0),
+        // Capped at 30 days, so that now() + timeout cannot overflow.
+        end_(std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<int64_t>(
+                                                    timeout_ms, int64_t{30} * 24 * 3600 * 1000))) {}
+  bool passed() const { return bounded_ && std::chrono::steady_clock::now() >= end_; }
+
+ private:
+  bool bounded_;
+  std::chrono::steady_clock::time_point end_;
+};
+
+// Polls a non-blocking communicator until `r` is no longer ncclInProgress.
+// Returns ncclInProgress when the deadline passed first.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, const Deadline& deadline) {
+  for (int polls = 0; r == ncclInProgress; ++polls) {
+    if (deadline.passed()) return ncclInProgress;
+    if (polls < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return q;
+  }
+  return r;
+}
+
+size_t element_bytes(arbiter_dtype d) { return d == ARBITER_DTYPE_FP32 ? 4 : 2; }
+
+bool known_dtype(int32_t d) { return d >= 0 && d < 32 && ((kSupportedDtypes >> d) & 1u); }
+
+const char* pattern_name(int32_t p) {
+  switch (p) {
+    case ARBITER_PATTERN_ALLREDUCE:
+      return "allreduce";
+    case ARBITER_PATTERN_RESIDUAL_RMSNORM:
+      return "residual_rmsnorm";
+    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8:
+      return "residual_rmsnorm_fp8";
+    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4:
+      return "residual_rmsnorm_fp4";
+    default:
+      return "unknown";
+  }
+}
+
+ncclDataType_t nccl_dtype(arbiter_dtype d) {
+  switch (d) {
+    case ARBITER_DTYPE_FP16:
+      return ncclFloat16;
+    case ARBITER_DTYPE_BF16:
+      return ncclBfloat16;
+    default:
+      return ncclFloat32;
+  }
+}
+
+// The size of the scratch a workspace with this spec holds (0: none). A pure
+// function of fields every rank agrees on, so chunk plans match across ranks.
+uint64_t scratch_bytes_for(const arbiter_workspace_spec& spec) {
+  const uint32_t mask = spec.pattern_mask == 0 ? kSupportedPatterns : spec.pattern_mask;
+  if ((mask & kNormPatterns) == 0) return 0;
+  const uint64_t elt = known_dtype(spec.dtype) ? element_bytes(spec.dtype) : 4;
+  uint64_t declared = 0;
+  if (__builtin_mul_overflow(uint64_t{spec.max_tokens} * spec.hidden, elt, &declared)) {
+    declared = kMaxScratchBytes;
+  }
+  uint64_t want = std::max<uint64_t>(spec.max_message_bytes, declared);
+  want = std::clamp(want, kMinScratchBytes, kMaxScratchBytes);
+  return (want + 255) & ~uint64_t{255};
+}
+
+bool overlaps(const void* a, const void* b, uint64_t bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bytes && y < x + bytes;
+}
+
+#ifndef ARBITER_NCCL_KERNEL_ARCHS
+#define ARBITER_NCCL_KERNEL_ARCHS ""
+#endif
+
+uint32_t patterns_for(uint32_t capability) {
+  return arbiter::nccl::kernel_built_for(capability, ARBITER_NCCL_KERNEL_ARCHS)
+             ? kSupportedPatterns
+             : (1u << ARBITER_PATTERN_ALLREDUCE);
+}
+
+cudaError_t device_capability(int device, uint32_t* capability) {
+  int major = 0;
+  int minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e == cudaSuccess) *capability = static_cast<uint32_t>(major * 10 + minor);
+  return e;
+}
+
+// ---------------------------------------------------------------- probe
+
+int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  if (args == nullptr || caps == nullptr) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "probe: args and caps must not be NULL"));
+  }
+  if (args->device_kind != ARBITER_DEVICE_GPU) {
+    return report(error(ARBITER_UNAVAILABLE, "serves GPU ranks only"));
+  }
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    return report(error(ARBITER_UNAVAILABLE, "no CUDA driver (cudaDriverGetVersion reports none)"));
+  }
+  int count = 0;  // left unchanged by a failing cudaGetDeviceCount
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    return report(error(ARBITER_UNAVAILABLE, std::string("no CUDA device: ") +
+                                                 cudaGetErrorString(e) + " (driver " +
+                                                 std::to_string(driver / 1000) + "." +
+                                                 std::to_string(driver % 1000 / 10) + ")"));
+  }
+  if (count <= 0) return report(error(ARBITER_UNAVAILABLE, "no CUDA device: none visible"));
+  if (args->device < 0 || args->device >= count) {
+    return report(error(ARBITER_UNAVAILABLE, "no CUDA device " + std::to_string(args->device) +
+                                                 ": " + std::to_string(count) + " visible"));
+  }
+  uint32_t capability = 0;
+  if (const cudaError_t a = device_capability(args->device, &capability); a != cudaSuccess) {
+    return report(error(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceGetAttribute", a)));
+  }
+  int nccl_version = 0;
+  const ncclResult_t v = ncclGetVersion(&nccl_version);
+  if (v != ncclSuccess || nccl_version < kMinNcclVersion) {
+    return report(error(ARBITER_UNAVAILABLE, "libnccl.so.2 reports version " +
+                                                 std::to_string(nccl_version) +
+                                                 "; need >= " + std::to_string(kMinNcclVersion)));
+  }
+  *caps = arbiter_backend_caps{};
+  caps->device_kind = ARBITER_DEVICE_GPU;
+  caps->capability = capability;
+  caps->world_size_mask = kWorldSizeMask;
+  caps->dtype_mask = kSupportedDtypes;
+  // Plain all-reduce needs only NCCL; the norm patterns need our kernel.
+  caps->pattern_mask = patterns_for(capability);
+  caps->algorithm_mask = 1u << ARBITER_ALGORITHM_NATIVE;
+  caps->flags = 0;
+  return ARBITER_OK;
+}
+
+// ---------------------------------------------------------------- create
+
+constexpr uint32_t kHelloMagic = 0x4e43434cu;  // "NCCL"; bump with the layout
+constexpr size_t kReasonBytes = 240;
+
+// Exchanged (all-gathered) before NCCL is touched: whether each rank is
+// ready, the spec it was given, and rank 0's NCCL unique id.
+struct Hello {
+  uint32_t magic;
+  int32_t status;
+  int32_t world_size;
+  uint32_t nodes;
+  uint32_t max_tokens;
+  uint32_t hidden;
+  int32_t dtype;
+  uint32_t pattern_mask;
+  uint64_t max_message_bytes;
+  ncclUniqueId id;
+  char reason[kReasonBytes];
+};
+
+// Exchanged after the communicator and scratch exist.
+struct Outcome {
+  int32_t status;
+  uint32_t device_patterns;  // what this rank's device can run
+  char reason[kReasonBytes];
+};
+
+template <typename Record>
+void put_reason(Record& r, const std::string& s) {
+  std::snprintf(r.reason, sizeof r.reason, "%s", s.c_str());
+}
+
+template <typename Record>
+std::string reason_of(const Record& r) {
+  return std::string(r.reason, strnlen(r.reason, sizeof r.reason));
+}
+
+// The verdict every rank reaches alike from the same records: fails when
+// any rank failed, with its reason.
+template <typename Record>
+Status verdict(const std::vector<Record>& all, int32_t self) {
+  int failed = 0;
+  int first = -1;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].status != ARBITER_OK) {
+      ++failed;
+      if (first < 0) first = static_cast<int>(r);
+    }
+  }
+  if (failed == 0) return {};
+  if (all[self].status != ARBITER_OK) {
+    std::string m = reason_of(all[self]);
+    if (failed > 1) m += " (" + std::to_string(failed - 1) + " other rank(s) failed too)";
+    return error(all[self].status, m);
+  }
+  std::string m = "rank " + std::to_string(first) + " failed: " + reason_of(all[first]);
+  if (failed > 1) m += " (and " + std::to_string(failed - 1) + " more rank(s))";
+  return error(ARBITER_PEER_FAILED, m);
+}
+
+std::string describe(const Hello& h) {
+  return "world_size " + std::to_string(h.world_size) + ", nodes " + std::to_string(h.nodes) +
+         ", max_tokens " + std::to_string(h.max_tokens) + ", hidden " + std::to_string(h.hidden) +
+         ", dtype " + std::to_string(h.dtype) + ", pattern_mask " + std::to_string(h.pattern_mask) +
+         ", max_message_bytes " + std::to_string(h.max_message_bytes);
+}
+
+// Ranks must agree on every field that shapes the scratch, the chunk plan or
+// which patterns run(): otherwise one rank would enqueue collectives the
+// others never match.
+Status agreement(const std::vector<Hello>& all) {
+  const Hello& a = all[0];
+  for (size_t r = 1; r < all.size(); ++r) {
+    const Hello& b = all[r];
+    if (b.magic != a.magic) {
+      return error(ARBITER_INVALID_ARGUMENT,
+                   "rank " + std::to_string(r) + " runs a different build of this module");
+    }
+    if (b.world_size != a.world_size || b.nodes != a.nodes || b.max_tokens != a.max_tokens ||
+        b.hidden != a.hidden || b.dtype != a.dtype || b.pattern_mask != a.pattern_mask ||
+        b.max_message_bytes != a.max_message_bytes) {
+      return error(ARBITER_INVALID_ARGUMENT, "ranks disagree on the workspace spec: rank 0 has " +
+                                                 describe(a) + "; rank " + std::to_string(r) +
+                                                 " has " + describe(b));
+    }
+  }
+  return {};
+}
+
+Status local_checks(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
+  if (spec.world_size != oob.size || spec.rank != oob.rank) {
+    return error(ARBITER_INVALID_ARGUMENT,
+                 "spec says rank " + std::to_string(spec.rank) + " of " +
+                     std::to_string(spec.world_size) + ", the oob group says rank " +
+                     std::to_string(oob.rank) + " of " + std::to_string(oob.size));
+  }
+  if (spec.device < 0) {
+    return error(ARBITER_INVALID_ARGUMENT, "spec.device is " + std::to_string(spec.device) +
+                                               "; the nccl backend needs a CUDA ordinal");
+  }
+  if (!known_dtype(spec.dtype)) {
+    return error(ARBITER_UNSUPPORTED, "dtype " + std::to_string(spec.dtype) + " is not supported");
+  }
+  if ((spec.pattern_mask & ~kSupportedPatterns) != 0) {
+    return error(ARBITER_UNSUPPORTED,
+                 "pattern_mask " + std::to_string(spec.pattern_mask) +
+                     " asks for patterns this backend does not implement (it runs allreduce, "
+                     "residual_rmsnorm and residual_rmsnorm_fp8)");
+  }
+  return {};
+}
+
+Status exchange_failed(const arbiter_oob& oob, const char* what, int32_t rc) {
+  const char* m = oob.last_error != nullptr ? oob.last_error(oob.ctx) : nullptr;
+  return error(rc == ARBITER_OK ? ARBITER_INTERNAL : rc,
+               std::string("oob ") + what + " failed: " + (m != nullptr ? m : "(no message)"));
+}
+
+// Tears a workspace down locally: abort when `abort` or the communicator is
+// broken, otherwise finalise within the deadline (then abort) and destroy.
+void release(arbiter_workspace& ws, bool abort) {
+  DeviceScope scope;
+  scope.use(ws.device);
+  if (ws.comm != nullptr) {
+    if (abort || ws.broken) {
+      ncclCommAbort(ws.comm);
+    } else {
+      ncclResult_t r = ncclCommFinalize(ws.comm);
+      r = settle(ws.comm, r, Deadline(ws.timeout_ms));
+      if (r == ncclSuccess) {
+        ncclCommDestroy(ws.comm);
+      } else {
+        ncclCommAbort(ws.comm);
+      }
+    }
+    ws.comm = nullptr;
+  }
+  if (ws.scratch != nullptr) {
+    cudaFree(ws.scratch);
+    ws.scratch = nullptr;
+  }
+}
+
+// Creates the communicator (non-blocking, polled against the deadline) and
+// the scratch. On failure leaves nothing behind but `ws.comm` for release().
+Status build(arbiter_workspace& ws, const arbiter_workspace_spec& spec, const ncclUniqueId& id) {
+  uint32_t capability = 0;
+  if (const cudaError_t e = device_capability(spec.device, &capability); e != cudaSuccess) {
+    return error(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceGetAttribute", e));
+  }
+  ws.device_patterns = patterns_for(capability);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const Deadline deadline(spec.timeout_ms);
+  ncclResult_t r = ncclCommInitRankConfig(&ws.comm, spec.world_size, id, spec.rank, &config);
+  if (ws.comm != nullptr) r = settle(ws.comm, r, deadline);
+  if (r == ncclInProgress) {
+    ws.broken = true;
+    return error(ARBITER_TIMEOUT, "ncclCommInitRank did not finish within " +
+                                      std::to_string(spec.timeout_ms) +
+                                      " ms (a peer may have died or not joined)");
+  }
+  if (r != ncclSuccess) {
+    ws.broken = true;
+    return error(r == ncclRemoteError ? ARBITER_PEER_FAILED : ARBITER_UNAVAILABLE,
+                 nccl_message("ncclCommInitRank", r, ws.comm));
+  }
+  ws.scratch_bytes = scratch_bytes_for(spec);
+  if (ws.scratch_bytes != 0) {
+    const cudaError_t e = cudaMalloc(&ws.scratch, ws.scratch_bytes);
+    if (e != cudaSuccess) {
+      ws.scratch = nullptr;
+      cudaGetLastError();
+      return error(
+          ARBITER_UNAVAILABLE,
+          cuda_message(
+              ("cudaMalloc(" + std::to_string(ws.scratch_bytes) + " bytes of scratch)").c_str(),
+              e));
+    }
+  }
+  return {};
+}
+
+int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                    arbiter_workspace** out) {
+  if (out == nullptr) return report(error(ARBITER_INVALID_ARGUMENT, "out is NULL"));
+  *out = nullptr;
+  if (oob == nullptr || oob->allgather == nullptr || oob->last_error == nullptr) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "oob or its allgather/last_error is NULL"));
+  }
+  if (spec == nullptr) return report(error(ARBITER_INVALID_ARGUMENT, "spec is NULL"));
+  if (oob->size <= 0 || oob->rank < 0 || oob->rank >= oob->size) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "oob says rank " + std::to_string(oob->rank) +
+                                                      " of " + std::to_string(oob->size)));
+  }
+  const int64_t timeout = spec->timeout_ms;
+  DeviceScope scope;
+
+  // 1. Who is ready, with which spec, and rank 0's unique id.
+  Hello mine{};
+  mine.magic = kHelloMagic;
+  mine.world_size = spec->world_size;
+  mine.nodes = spec->nodes;
+  mine.max_tokens = spec->max_tokens;
+  mine.hidden = spec->hidden;
+  mine.dtype = spec->dtype;
+  mine.pattern_mask = spec->pattern_mask;
+  mine.max_message_bytes = spec->max_message_bytes;
+  Status local = local_checks(*oob, *spec);
+  if (local.ok()) {
+    const cudaError_t e = scope.use(spec->device);
+    if (e != cudaSuccess) {
+      local =
+          error(ARBITER_UNAVAILABLE,
+                cuda_message(("cudaSetDevice(" + std::to_string(spec->device) + ")").c_str(), e));
+    }
+  }
+  if (local.ok() && oob->rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&mine.id);
+    if (r != ncclSuccess)
+      local = error(ARBITER_UNAVAILABLE, nccl_message("ncclGetUniqueId", r, nullptr));
+  }
+  mine.status = local.code;
+  put_reason(mine, local.message);
+  std::vector<Hello> hellos(static_cast<size_t>(oob->size));
+  int32_t rc = oob->allgather(oob->ctx, &mine, hellos.data(), sizeof(Hello), timeout);
+  if (rc != ARBITER_OK) return report(exchange_failed(*oob, "allgather", rc));
+  Status s = verdict(hellos, oob->rank);
+  if (s.ok()) s = agreement(hellos);
+  if (!s.ok()) return report(s);
+
+  // 2. The communicator and the scratch.
+  auto ws = std::make_unique<arbiter_workspace>();
+  ws->device = spec->device;
+  ws->world_size = spec->world_size;
+  ws->rank = spec->rank;
+  ws->pattern_mask = spec->pattern_mask == 0 ? kSupportedPatterns : spec->pattern_mask;
+  ws->timeout_ms = timeout;
+  const Status built = build(*ws, *spec, hellos[0].id);
+
+  // 3. Everyone learns whether everyone succeeded.
+  Outcome outcome{};
+  outcome.status = built.code;
+  outcome.device_patterns = ws->device_patterns;
+  put_reason(outcome, built.message);
+  std::vector<Outcome> outcomes(static_cast<size_t>(oob->size));
+  rc = oob->allgather(oob->ctx, &outcome, outcomes.data(), sizeof(Outcome), timeout);
+  if (rc != ARBITER_OK) {
+    release(*ws, true);
+    const Status lost = exchange_failed(*oob, "allgather", rc);
+    // This rank's own failure (say, an init that timed out because a peer
+    // died) explains more than the exchange that followed it.
+    if (!built.ok()) return report(error(built.code, built.message + "; then " + lost.message));
+    return report(lost);
+  }
+  s = verdict(outcomes, oob->rank);
+  if (!s.ok()) {
+    // Abort, not finalise: a finalise would wait for peers that gave up.
+    release(*ws, true);
+    return report(s);
+  }
+  // A pattern runs only where every rank can run it, so that no rank
+  // refuses a call its peers have already enqueued.
+  for (const Outcome& o : outcomes) ws->device_patterns &= o.device_patterns;
+  *out = ws.release();
+  return ARBITER_OK;
+}
+
+// ---------------------------------------------------------------- run
+
+Status check_args(const arbiter_workspace& ws, const arbiter_allreduce_args& a) {
+  const int32_t p = a.pattern;
+  if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+    return error(ARBITER_UNSUPPORTED, "residual_rmsnorm_fp4 (NVFP4) is not implemented");
+  }
+  if (p < 0 || p >= 32 || ((kSupportedPatterns >> p) & 1u) == 0) {
+    return error(ARBITER_UNSUPPORTED, "pattern " + std::to_string(p) + " is not supported");
+  }
+  if (((ws.pattern_mask >> p) & 1u) == 0) {
+    return error(ARBITER_UNSUPPORTED, std::string("pattern ") + pattern_name(p) +
+                                          " is not in the workspace's pattern_mask");
+  }
+  if (((ws.device_patterns >> p) & 1u) == 0) {
+    return error(ARBITER_UNSUPPORTED,
+                 std::string("pattern ") + pattern_name(p) +
+                     ": this build has no epilogue kernel for the device of this rank or a peer "
+                     "(built for " ARBITER_NCCL_KERNEL_ARCHS ")");
+  }
+  if (a.algorithm != ARBITER_ALGORITHM_NATIVE) {
+    return error(ARBITER_UNSUPPORTED,
+                 "algorithm " + std::to_string(a.algorithm) + " is not supported (only native)");
+  }
+  if (!known_dtype(a.dtype)) {
+    return error(ARBITER_UNSUPPORTED, "dtype " + std::to_string(a.dtype) + " is not supported");
+  }
+  if (a.hidden == 0) return error(ARBITER_INVALID_ARGUMENT, "hidden is 0");
+  auto null = [](const char* name) {
+    return error(ARBITER_INVALID_ARGUMENT, std::string(name) + " is NULL");
+  };
+  if (a.input == nullptr) return null("input");
+  if (p == ARBITER_PATTERN_ALLREDUCE) {
+    if (a.allreduce_out == nullptr) return null("allreduce_out");
+    return {};
+  }
+  if (a.residual_in == nullptr) return null("residual_in");
+  if (a.residual_out == nullptr) return null("residual_out");
+  if (a.gamma == nullptr) return null("gamma");
+  if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM && a.norm_out == nullptr) {
+    return error(ARBITER_INVALID_ARGUMENT,
+                 "norm_out is NULL (residual_rmsnorm writes its norm there)");
+  }
+  if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
+    if (a.quant_out == nullptr) return null("quant_out");
+    if (a.scale == nullptr) return null("scale");
+  }
+  const uintptr_t elt = element_bytes(a.dtype);
+  const void* buffers[] = {a.input,        a.allreduce_out, a.residual_in,
+                           a.residual_out, a.gamma,         a.norm_out};
+  for (const void* q : buffers) {
+    if (reinterpret_cast<uintptr_t>(q) % elt != 0) {
+      return error(ARBITER_INVALID_ARGUMENT, "a buffer is not aligned to its element size");
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(a.scale) % alignof(float) != 0) {
+    return error(ARBITER_INVALID_ARGUMENT, "scale is not aligned to a float");
+  }
+  if (!(std::isfinite(a.eps) && a.eps >= 0.0f)) {
+    return error(ARBITER_INVALID_ARGUMENT, "eps must be finite and >= 0");
+  }
+  if (!std::isfinite(a.weight_bias)) {
+    return error(ARBITER_INVALID_ARGUMENT, "weight_bias must be finite");
+  }
+  return {};
+}
+
+// One ncclAllReduce, waited out when NCCL says it is still being enqueued.
+Status all_reduce(arbiter_workspace& ws, const void* send, void* recv, size_t count,
+                  arbiter_dtype dtype, cudaStream_t stream) {
+  ncclResult_t r = ncclAllReduce(send, recv, count, nccl_dtype(dtype), ncclSum, ws.comm, stream);
+  r = settle(ws.comm, r, Deadline(ws.timeout_ms));
+  if (r == ncclSuccess) return {};
+  ws.broken = true;
+  Status s = r == ncclInProgress
+                 ? error(ARBITER_TIMEOUT, "ncclAllReduce was still being enqueued after " +
+                                              std::to_string(ws.timeout_ms) + " ms")
+                 : error(r == ncclRemoteError ? ARBITER_PEER_FAILED : ARBITER_INTERNAL,
+                         nccl_message("ncclAllReduce", r, ws.comm));
+  ws.broken_reason = s.message;
+  return s;
+}
+
+int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream_ptr) {
+  if (ws == nullptr || args == nullptr) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "run: workspace and args must not be NULL"));
+  }
+  const arbiter_allreduce_args& a = *args;
+  Status s = check_args(*ws, a);
+  if (!s.ok()) return report(s);
+  if (ws->broken) {
+    return report(error(ARBITER_INTERNAL,
+                        "workspace unusable after an earlier NCCL failure: " + ws->broken_reason));
+  }
+  const uint64_t elt = element_bytes(a.dtype);
+  const uint64_t row_bytes = uint64_t{a.hidden} * elt;
+  uint64_t total_bytes = 0;
+  if (__builtin_mul_overflow(row_bytes, uint64_t{a.tokens}, &total_bytes)) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "tokens x hidden overflows"));
+  }
+  if (a.tokens == 0) return ARBITER_OK;  // same on every rank: nothing to enqueue
+
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  DeviceScope scope;
+  if (const cudaError_t e = scope.use(ws->device); e != cudaSuccess) {
+    return report(error(ARBITER_INTERNAL, cuda_message("cudaSetDevice", e)));
+  }
+  if (a.pattern == ARBITER_PATTERN_ALLREDUCE) {
+    return report(
+        all_reduce(*ws, a.input, a.allreduce_out, uint64_t{a.tokens} * a.hidden, a.dtype, stream));
+  }
+  if (a.allreduce_out != nullptr && overlaps(a.allreduce_out, a.residual_in, total_bytes)) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "allreduce_out overlaps residual_in"));
+  }
+
+  // Where the sum lands: allreduce_out when asked for, else residual_out
+  // (the epilogue then updates it in place), else the scratch when
+  // residual_out aliases residual_in. The choice is local; the chunk plan
+  // below depends only on values every rank shares.
+  const uint64_t chunk_tokens = ws->scratch_bytes / row_bytes;
+  if (chunk_tokens == 0) {
+    return report(error(ARBITER_UNSUPPORTED, "one token (" + std::to_string(row_bytes) +
+                                                 " bytes) exceeds the workspace scratch (" +
+                                                 std::to_string(ws->scratch_bytes) + " bytes)"));
+  }
+  enum class Dest { kAllreduceOut, kResidualOut, kScratch };
+  Dest dest = Dest::kScratch;
+  if (a.allreduce_out != nullptr) {
+    dest = Dest::kAllreduceOut;
+  } else if (!overlaps(a.residual_out, a.residual_in, total_bytes)) {
+    dest = Dest::kResidualOut;
+  }
+  auto at = [](const void* p, uint64_t offset) -> char* {
+    return p == nullptr ? nullptr : const_cast<char*>(static_cast<const char*>(p)) + offset;
+  };
+  arbiter::nccl::EpilogueParams e;
+  e.dtype = a.dtype;
+  e.fp8 = a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
+  e.hidden = a.hidden;
+  e.gamma = a.gamma;
+  e.eps = a.eps;
+  e.weight_bias = a.weight_bias;
+  e.scale = e.fp8 ? a.scale : nullptr;
+  e.pdl = (a.flags & ARBITER_RUN_PDL) != 0;
+  for (uint64_t t0 = 0; t0 < a.tokens; t0 += chunk_tokens) {
+    const uint64_t n = std::min<uint64_t>(chunk_tokens, a.tokens - t0);
+    const uint64_t off = t0 * row_bytes;
+    void* sum = dest == Dest::kAllreduceOut  ? at(a.allreduce_out, off)
+                : dest == Dest::kResidualOut ? at(a.residual_out, off)
+                                             : ws->scratch;
+    s = all_reduce(*ws, at(a.input, off), sum, n * a.hidden, a.dtype, stream);
+    if (!s.ok()) return report(s);
+    e.tokens = static_cast<uint32_t>(n);
+    e.sum = sum;
+    e.residual_in = at(a.residual_in, off);
+    e.residual_out = at(a.residual_out, off);
+    e.norm_out = at(a.norm_out, off);
+    e.quant_out = e.fp8 ? at(a.quant_out, t0 * a.hidden) : nullptr;
+    const cudaError_t err = arbiter::nccl::launch_residual_rmsnorm(e, stream);
+    if (err != cudaSuccess) {
+      return report(error(ARBITER_INTERNAL, cuda_message("epilogue kernel launch", err)));
+    }
+  }
+  return ARBITER_OK;
+}
+
+// ---------------------------------------------------------------- ABI
+
+template <typename F>
+int32_t guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    t_last_error = "nccl: out of host memory";
+  } catch (const std::exception& e) {
+    try {
+      t_last_error = std::string("nccl: unexpected exception: ") + e.what();
+    } catch (...) {
+    }
+  } catch (...) {
+    t_last_error = "nccl: unexpected exception";
+  }
+  return ARBITER_INTERNAL;
+}
+
+int32_t abi_probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  return guarded([&] { return probe_impl(args, caps); });
+}
+
+int32_t abi_workspace_create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                             arbiter_workspace** out) {
+  return guarded([&] { return create_impl(oob, spec, out); });
+}
+
+int32_t abi_run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+  return guarded([&] { return run_impl(ws, args, stream); });
+}
+
+void abi_workspace_destroy(arbiter_workspace* ws) {
+  if (ws == nullptr) return;
+  guarded([&] {
+    release(*ws, false);
+    return ARBITER_OK;
+  });
+  delete ws;
+}
+
+const char* abi_last_error() { return t_last_error.c_str(); }
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 = {
+    ARBITER_BACKEND_ABI_VERSION,
+    "nccl",
+    abi_probe,
+    abi_workspace_create,
+    nullptr,  // max_message_bytes: unlimited; larger messages run in chunks
+    abi_run,
+    abi_workspace_destroy,
+    abi_last_error,
+};
