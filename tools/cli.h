@@ -63,6 +63,7 @@ int cmd_validate(const Args& args);
 int cmd_show(const Args& args);
 int cmd_sweep(const Args& args);
 int cmd_diff(const Args& args);
+int cmd_launch(const Args& args);
 int cmd_plugins(const Args& args);
 
 }  // namespace arbiter::cli

@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "  show      the effective tables as capability x world size grids\n"
     "  sweep     the decision as a function of message size\n"
     "  diff      which decisions differ between two tables\n"
+    "  launch    start N local ranks of a program (RANK, WORLD_SIZE, MASTER_ADDR, ...)\n"
     "  plugins   backend modules found, and available or why not (--json)\n"
     "\n"
     "Run `arbiter COMMAND --help` for a command's options.\n"
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     if (command == "show") return cmd_show(args);
     if (command == "sweep") return cmd_sweep(args);
     if (command == "diff") return cmd_diff(args);
+    if (command == "launch") return cmd_launch(args);
     if (command == "plugins") return cmd_plugins(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::cout << kUsage;

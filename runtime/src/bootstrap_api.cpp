@@ -1,0 +1,161 @@
+// arbiter::Bootstrap and its C view (arbiter_oob).
+#include <cstring>
+#include <string>
+
+#include "arbiter/bootstrap.h"
+#include "bootstrap_group.h"
+
+namespace arbiter {
+
+namespace {
+
+// arbiter_oob::last_error is per thread (whichever Bootstrap failed last).
+thread_local std::string t_last_error;
+
+int32_t record(const BootstrapStatus& status) {
+  if (!status.ok()) t_last_error = status.message;
+  return status.code;
+}
+
+}  // namespace
+
+class Bootstrap::Impl {
+ public:
+  explicit Impl(const BootstrapOptions& options) : options_(options) {
+    oob_.ctx = this;
+    oob_.rank = options.rank;
+    oob_.size = options.world_size;
+    oob_.allgather = &Impl::c_allgather;
+    oob_.broadcast = &Impl::c_broadcast;
+    oob_.barrier = &Impl::c_barrier;
+    oob_.last_error = &Impl::c_last_error;
+  }
+
+  BootstrapOptions options_;
+  std::unique_ptr<bootstrap::StarGroup> group_;  // null for a world of one
+  arbiter_oob oob_{};
+
+  BootstrapStatus allgather(const void* send, void* recv, std::size_t bytes,
+                            std::chrono::milliseconds timeout) {
+    if (BootstrapStatus bad = check(timeout, bytes > 0 && (send == nullptr || recv == nullptr));
+        !bad.ok()) {
+      return bad;
+    }
+    if (!group_) {
+      if (bytes > 0) std::memmove(recv, send, bytes);
+      return {};
+    }
+    return group_->allgather(send, recv, bytes, timeout);
+  }
+
+  BootstrapStatus broadcast(void* buf, std::size_t bytes, int root,
+                            std::chrono::milliseconds timeout) {
+    if (BootstrapStatus bad = check(timeout, bytes > 0 && buf == nullptr); !bad.ok()) return bad;
+    if (root < 0 || root >= options_.world_size) {
+      return {ARBITER_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) +
+                                            " is not a rank of this group (0.." +
+                                            std::to_string(options_.world_size - 1) + ")"};
+    }
+    if (!group_) return {};
+    return group_->broadcast(buf, bytes, root, timeout);
+  }
+
+  BootstrapStatus barrier(std::chrono::milliseconds timeout) {
+    if (BootstrapStatus bad = check(timeout, false); !bad.ok()) return bad;
+    if (!group_) return {};
+    return group_->barrier(timeout);
+  }
+
+ private:
+  static BootstrapStatus check(std::chrono::milliseconds timeout, bool null_buffer) {
+    if (timeout.count() < 0) {
+      return {ARBITER_INVALID_ARGUMENT, "the timeout is negative"};
+    }
+    if (null_buffer) return {ARBITER_INVALID_ARGUMENT, "a buffer is NULL but bytes > 0"};
+    return {};
+  }
+
+  // The C entry points never let an exception escape.
+  template <class F>
+  static int32_t guarded(F&& call) {
+    try {
+      return record(call());
+    } catch (const std::exception& e) {
+      return record({ARBITER_INTERNAL, std::string("bootstrap: ") + e.what()});
+    } catch (...) {
+      return record({ARBITER_INTERNAL, "bootstrap: unknown exception"});
+    }
+  }
+
+  static int32_t c_allgather(void* ctx, const void* send, void* recv, size_t bytes,
+                             int64_t timeout_ms) {
+    return guarded([&] {
+      return static_cast<Impl*>(ctx)->allgather(send, recv, bytes,
+                                                std::chrono::milliseconds(timeout_ms));
+    });
+  }
+  static int32_t c_broadcast(void* ctx, void* buf, size_t bytes, int32_t root, int64_t timeout_ms) {
+    return guarded([&] {
+      return static_cast<Impl*>(ctx)->broadcast(buf, bytes, root,
+                                                std::chrono::milliseconds(timeout_ms));
+    });
+  }
+  static int32_t c_barrier(void* ctx, int64_t timeout_ms) {
+    return guarded(
+        [&] { return static_cast<Impl*>(ctx)->barrier(std::chrono::milliseconds(timeout_ms)); });
+  }
+  static const char* c_last_error(void*) { return t_last_error.c_str(); }
+};
+
+Bootstrap::Bootstrap(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Bootstrap::Bootstrap(Bootstrap&&) noexcept = default;
+Bootstrap& Bootstrap::operator=(Bootstrap&&) noexcept = default;
+Bootstrap::~Bootstrap() = default;
+
+Bootstrap Bootstrap::from_environment(std::chrono::milliseconds timeout) {
+  return connect(bootstrap_options_from_environment(timeout));
+}
+
+Bootstrap Bootstrap::connect(const BootstrapOptions& options) {
+  auto invalid = [](const std::string& message) {
+    throw BootstrapError(ARBITER_INVALID_ARGUMENT, "bootstrap: " + message);
+  };
+  if (options.world_size < 1) invalid("world_size must be at least 1");
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    invalid("rank " + std::to_string(options.rank) + " is not in 0.." +
+            std::to_string(options.world_size - 1));
+  }
+  if (options.local_rank < 0) invalid("local_rank must not be negative");
+  if (options.timeout.count() <= 0) invalid("the timeout must be above 0");
+  if (options.job_token.empty()) invalid("the job token must not be empty");
+  auto impl = std::make_unique<Impl>(options);
+  if (options.world_size > 1) {
+    if (options.master_port == 0) invalid("MASTER_PORT must be set (1..65535)");
+    if (options.master_addr.empty()) invalid("MASTER_ADDR must be set");
+    impl->group_ = bootstrap::StarGroup::join(options);
+  }
+  return Bootstrap(std::move(impl));
+}
+
+int Bootstrap::rank() const { return impl_->options_.rank; }
+int Bootstrap::world_size() const { return impl_->options_.world_size; }
+int Bootstrap::local_rank() const { return impl_->options_.local_rank; }
+const BootstrapOptions& Bootstrap::options() const { return impl_->options_; }
+
+BootstrapStatus Bootstrap::allgather(const void* send, void* recv, std::size_t bytes,
+                                     std::chrono::milliseconds timeout) {
+  return impl_->allgather(send, recv, bytes, timeout);
+}
+
+BootstrapStatus Bootstrap::broadcast(void* buf, std::size_t bytes, int root,
+                                     std::chrono::milliseconds timeout) {
+  return impl_->broadcast(buf, bytes, root, timeout);
+}
+
+BootstrapStatus Bootstrap::barrier(std::chrono::milliseconds timeout) {
+  return impl_->barrier(timeout);
+}
+
+const arbiter_oob* Bootstrap::oob() const { return &impl_->oob_; }
+
+}  // namespace arbiter

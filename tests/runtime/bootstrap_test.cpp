@@ -1,0 +1,251 @@
+// The UCX bootstrap across real processes, started by `arbiter launch`: the
+// exchange a backend relies on with 2, 4 and 8 ranks, and each fault ending
+// in an error that names the rank at fault, well within its deadline.
+#define BOOST_TEST_MODULE runtime_bootstrap
+#include <boost/test/unit_test.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+#include "run_command.h"
+
+using namespace arbiter::test;
+
+namespace {
+
+struct Run {
+  CommandResult result;
+  double seconds = 0;
+};
+
+// `env` is a list of NAME=VALUE words for the launcher (and so the ranks).
+Run timed(const std::string& command) {
+  const auto start = std::chrono::steady_clock::now();
+  Run run;
+  run.result = run_command(command);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return run;
+}
+
+const std::string kRank = ARBITER_BOOTSTRAP_RANK_BIN;
+
+// A clean environment: nothing of the caller's bootstrap settings leaks in.
+std::string clean_env(const std::string& env) {
+  return "env -u ARBITER_BOOTSTRAP_TIMEOUT -u ARBITER_BOOTSTRAP_PORT -u ARBITER_JOB_TOKEN "
+         "-u UCX_TLS -u UCX_NET_DEVICES " +
+         env + " ";
+}
+
+Run launch(const std::string& launch_args, const std::string& rank_args,
+           const std::string& env = "") {
+  return timed(clean_env(env) + ARBITER_BIN + " launch " + launch_args + " -- " + kRank + " " +
+               rank_args);
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A port nobody uses right now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  BOOST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  BOOST_REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+void expect_all_ok(const Run& run, int ranks) {
+  BOOST_TEST(run.result.exit_code == 0, run.result.output);
+  for (int r = 0; r < ranks; ++r) {
+    const std::string line = "[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " OK";
+    BOOST_TEST(contains(run.result.output, line), line << " missing in\n" << run.result.output);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(exchange)
+
+BOOST_AUTO_TEST_CASE(two_ranks_allgather_broadcast_and_barrier) {
+  const Run run = launch("--nproc 2 --timeout 60", "");
+  expect_all_ok(run, 2);
+  BOOST_TEST_MESSAGE("2 ranks: " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(four_ranks_allgather_broadcast_and_barrier) {
+  const Run run = launch("--nproc 4 --timeout 60", "");
+  expect_all_ok(run, 4);
+  BOOST_TEST_MESSAGE("4 ranks: " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(eight_ranks_allgather_broadcast_and_barrier) {
+  const Run run = launch("--nproc 8 --timeout 60", "");
+  expect_all_ok(run, 8);
+  BOOST_TEST_MESSAGE("8 ranks: " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(ranks_that_start_late_are_waited_for) {
+  // Rank 0 itself starts last: the others retry until it listens.
+  const Run run = launch("--nproc 3 --timeout 60", "--delay 0:1500 --iterations 1");
+  expect_all_ok(run, 3);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(faults)
+
+BOOST_AUTO_TEST_CASE(a_rank_exiting_before_it_joins_stops_the_job_at_once) {
+  const Run run =
+      launch("--nproc 4 --timeout 60", "--exit-before 2:3", "ARBITER_BOOTSTRAP_TIMEOUT=30");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output, "arbiter launch: rank 2 exited with code 3"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s, the deadline is 30 s");
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_dying_while_joining_is_named_by_rank_0) {
+  // Rank 2 joins, then vanishes (exit 0, so only the bootstrap can notice)
+  // while rank 0 still waits for the late rank 1.
+  const Run run = launch("--nproc 3 --timeout 60", "--delay 1:4000 --die-during 2:1000",
+                         "ARBITER_BOOTSTRAP_TIMEOUT=30");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output, "rank 2 disconnected while waiting for the others"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s, the deadline is 30 s");
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_dying_after_joining_fails_the_others_naming_it) {
+  const Run run =
+      launch("--nproc 4 --timeout 60", "--die-after 3 --op-timeout 30000 --linger 1000");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output,
+                      "[rank 0] rank 0 FAILED: allgather: rank 3 disconnected during allgather"),
+             run.result.output);
+  for (const std::string k : {"1", "2"}) {
+    BOOST_TEST(contains(run.result.output, "[rank " + k + "] rank " + k +
+                                               " FAILED: allgather: rank 3 disconnected during "
+                                               "allgather (call #1)"),
+               run.result.output);
+  }
+  BOOST_TEST(contains(run.result.output, "(reported by rank 0)"), run.result.output);
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s, the deadline is 30 s");
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_that_never_arrives_is_named_when_the_deadline_passes) {
+  const Run run =
+      launch("--nproc 3 --timeout 60", "--sleep-instead 2", "ARBITER_BOOTSTRAP_TIMEOUT=2");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output, "rank 2 did not connect within 2 s"), run.result.output);
+  BOOST_TEST(run.seconds < 8, "took " << run.seconds << " s, the deadline is 2 s");
+}
+
+BOOST_AUTO_TEST_CASE(a_rank_late_for_a_collective_is_named) {
+  const Run run = launch("--nproc 3 --timeout 60", "--late-barrier 1:5000 --op-timeout 1000");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output, "rank 1 did not reach barrier (call #4) within 1 s"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 4.5, "took " << run.seconds << " s, the deadline is 1 s");
+}
+
+BOOST_AUTO_TEST_CASE(a_stranger_without_the_token_is_refused_and_the_job_completes) {
+  const int port = free_port();
+  // The stranger claims rank 1 of a 2-rank job on the job's port; the real
+  // rank 1 comes late, so the stranger reaches rank 0 first.
+  const std::string stranger =
+      clean_env("RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                std::to_string(port) +
+                " ARBITER_JOB_TOKEN=not-the-job UCX_TLS=tcp,self UCX_NET_DEVICES=lo "
+                "ARBITER_BOOTSTRAP_TIMEOUT=20") +
+      kRank;
+  const std::string job = clean_env("") + ARBITER_BIN + " launch --nproc 2 --timeout 60 --port " +
+                          std::to_string(port) + " -- " + kRank + " --delay 1:2500";
+  const Run run = timed("{ (" + stranger + "; echo exit $?) 2>&1 | sed 's/^/stranger: /' & " + job +
+                        "; echo job exit $?; wait; }");
+  const std::string& out = run.result.output;
+  BOOST_TEST(contains(out, "job exit 0"), out);
+  BOOST_TEST(contains(out, "[rank 0] rank 0 OK"), out);
+  BOOST_TEST(contains(out, "[rank 1] rank 1 OK"), out);
+  BOOST_TEST(contains(out, "stranger: exit 1"), out);
+  BOOST_TEST(contains(out, "stranger: rank 1 FAILED: bootstrap: rank 0 at 127.0.0.1:" +
+                               std::to_string(port) + " refused rank 1: wrong job token"),
+             out);
+  BOOST_TEST(contains(out,
+                      "[rank 0] arbiter bootstrap: rank 0 refused a connection from "
+                      "127.0.0.1:"),
+             out);
+}
+
+BOOST_AUTO_TEST_CASE(a_taken_rank_and_another_world_size_are_refused_even_with_the_token) {
+  // Started by hand with a known token: ranks 0 and 1 of a 3-rank job, a
+  // second "rank 1", a rank of a 4-rank job, and the real rank 2, which comes
+  // last so that rank 0 is still waiting when the others knock.
+  const std::string common =
+      "WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+      " ARBITER_JOB_TOKEN=t0k UCX_TLS=tcp,self UCX_NET_DEVICES=lo "
+      "ARBITER_BOOTSTRAP_TIMEOUT=20 ";
+  auto rank = [&](const std::string& env, const std::string& tag, const std::string& args) {
+    return "(" + clean_env(common + env) + kRank + " --iterations 1 " + args +
+           "; echo exit $?) 2>&1 | sed 's/^/" + tag + ": /' & ";
+  };
+  const Run run = timed("{ " + rank("RANK=0", "r0", "") + rank("RANK=1", "r1", "") +
+                        rank("RANK=1", "dup", "--delay 1:800") +
+                        rank("RANK=2 WORLD_SIZE=4", "ws4", "--delay 2:800") +
+                        rank("RANK=2", "r2", "--delay 2:2500") + "wait; }");
+  const std::string& out = run.result.output;
+  BOOST_TEST(contains(out, "r0: rank 0 OK"), out);
+  BOOST_TEST(contains(out, "r1: rank 1 OK"), out);
+  BOOST_TEST(contains(out, "r2: rank 2 OK"), out);
+  BOOST_TEST(contains(out, "dup: rank 1 FAILED: bootstrap: rank 0 at 127.0.0.1:"), out);
+  BOOST_TEST(contains(out, "refused rank 1: rank 1 is already connected (from 127.0.0.1:"), out);
+  BOOST_TEST(contains(out, "dup: exit 1"), out);
+  BOOST_TEST(contains(out, "refused rank 2: its WORLD_SIZE is 4, rank 0's is 3"), out);
+  BOOST_TEST(contains(out, "ws4: exit 1"), out);
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(a_busy_port_is_named) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  BOOST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  BOOST_REQUIRE(::listen(fd, 16) == 0);
+  BOOST_REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  const Run run =
+      launch("--nproc 2 --timeout 60 --port " + port, "", "ARBITER_BOOTSTRAP_TIMEOUT=30");
+  ::close(fd);
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output, "rank 0 cannot listen on 127.0.0.1:" + port + ": port " +
+                                             port + " is already in use"),
+             run.result.output);
+  BOOST_TEST(contains(run.result.output, "arbiter launch: rank 0 exited with code 1"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(launch_timeout_stops_ranks_hung_in_the_bootstrap) {
+  // Rank 2 never joins and the bootstrap would wait 60 s: --timeout ends it.
+  const Run run =
+      launch("--nproc 3 --timeout 1.5", "--sleep-instead 2", "ARBITER_BOOTSTRAP_TIMEOUT=60");
+  BOOST_TEST(run.result.exit_code == 124, run.result.output);
+  BOOST_TEST(contains(run.result.output,
+                      "arbiter launch: timed out after 1.5 s with ranks 0, 1, 2 still running"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 8, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

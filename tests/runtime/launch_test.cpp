@@ -1,0 +1,234 @@
+// `arbiter launch` as a process launcher (no UCX involved): the environment
+// each rank gets, prefixed output, stopping everything when one rank fails
+// or the time is up, no processes left behind, and usage errors (exit 2).
+#define BOOST_TEST_MODULE tools_launch
+#include <boost/test/unit_test.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_command.h"
+
+using namespace arbiter::test;
+
+namespace {
+
+struct Run {
+  CommandResult result;
+  double seconds = 0;
+};
+
+Run launch(const std::string& args, const std::string& env = "") {
+  const auto start = std::chrono::steady_clock::now();
+  Run run;
+  run.result = run_command("env -u UCX_TLS -u UCX_NET_DEVICES " + env + " " + ARBITER_BIN +
+                           " launch " + args);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return run;
+}
+
+// `arbiter launch ARGS -- sh -c SCRIPT`
+Run launch_sh(const std::string& args, const std::string& script, const std::string& env = "") {
+  return launch(args + " -- sh -c " + shell_quote(script), env);
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) lines.push_back(line);
+  }
+  return lines;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(environment_and_output)
+
+BOOST_AUTO_TEST_CASE(each_rank_gets_torchrun_variables_and_one_job_token) {
+  const Run run = launch_sh(
+      "--nproc 3 --port 29999",
+      "echo vars $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+      "$UCX_TLS $UCX_NET_DEVICES; echo token $ARBITER_JOB_TOKEN");
+  BOOST_TEST(run.result.exit_code == 0, run.result.output);
+  for (int r = 0; r < 3; ++r) {
+    const std::string k = std::to_string(r);
+    const std::string line =
+        "[rank " + k + "] vars " + k + " 3 " + k + " 3 127.0.0.1 29999 tcp,self lo\n";
+    BOOST_TEST(contains(run.result.output, line), run.result.output);
+  }
+  std::set<std::string> tokens;
+  for (int r = 0; r < 3; ++r) {
+    for (const std::string& line :
+         lines_starting(run.result.output, "[rank " + std::to_string(r) + "] token ")) {
+      tokens.insert(line.substr(line.find("token ") + 6));
+    }
+  }
+  BOOST_TEST(tokens.size() == 1u);
+  BOOST_TEST(tokens.begin()->size() == 32u);  // 128 random bits in hex
+}
+
+BOOST_AUTO_TEST_CASE(each_launch_draws_a_fresh_token_and_a_free_port) {
+  const std::string script = "echo $ARBITER_JOB_TOKEN $MASTER_PORT";
+  const Run a = launch_sh("--nproc 1", script);
+  const Run b = launch_sh("--nproc 1", script);
+  BOOST_TEST(a.result.exit_code == 0, a.result.output);
+  BOOST_TEST(a.result.output != b.result.output);
+}
+
+BOOST_AUTO_TEST_CASE(ucx_settings_of_the_caller_are_kept) {
+  const Run run =
+      launch_sh("--nproc 1", "echo $UCX_TLS $UCX_NET_DEVICES", "UCX_TLS=tcp UCX_NET_DEVICES=eth0");
+  BOOST_TEST(contains(run.result.output, "[rank 0] tcp eth0\n"), run.result.output);
+}
+
+BOOST_AUTO_TEST_CASE(stdout_and_stderr_lines_are_prefixed_with_the_rank) {
+  const Run run =
+      launch_sh("--nproc 2", "echo out $RANK; echo err $RANK >&2; printf 'no newline %s' $RANK");
+  BOOST_TEST(run.result.exit_code == 0, run.result.output);
+  for (const std::string k : {"0", "1"}) {
+    BOOST_TEST(contains(run.result.output, "[rank " + k + "] out " + k + "\n"), run.result.output);
+    BOOST_TEST(contains(run.result.output, "[rank " + k + "] err " + k + "\n"), run.result.output);
+    BOOST_TEST(contains(run.result.output, "[rank " + k + "] no newline " + k + "\n"),
+               run.result.output);
+  }
+  // stdout stays stdout: nothing of the error stream reaches it.
+  const CommandResult only_out = run_command(
+      "sh -c " + shell_quote(std::string(ARBITER_BIN) +
+                             " launch --nproc 1 -- sh -c 'echo a; echo b >&2' 2>/dev/null"));
+  BOOST_TEST(only_out.output == "[rank 0] a\n");
+}
+
+BOOST_AUTO_TEST_CASE(ranks_read_stdin_from_dev_null) {
+  const CommandResult r = run_command("echo typed | " + std::string(ARBITER_BIN) +
+                                      " launch --nproc 2 -- sh -c 'cat; echo done'");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(!contains(r.output, "typed"), r.output);
+  BOOST_TEST(contains(r.output, "[rank 1] done"), r.output);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(failures)
+
+BOOST_AUTO_TEST_CASE(a_failing_rank_stops_the_others_and_is_named) {
+  const Run run = launch_sh("--nproc 4", "if [ $RANK = 2 ]; then exit 3; fi; exec sleep 30");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output,
+                      "arbiter launch: rank 2 exited with code 3; stopped ranks 0, 1, 3\n"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 5, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(a_killed_rank_is_named_with_its_signal) {
+  const Run run = launch_sh("--nproc 2", "if [ $RANK = 1 ]; then kill -SEGV $$; fi; exec sleep 30");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output,
+                      "arbiter launch: rank 1 was killed by SIGSEGV (Segmentation fault); "
+                      "stopped rank 0"),
+             run.result.output);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_that_all_exit_0_make_launch_exit_0_even_at_different_times) {
+  const Run run = launch_sh("--nproc 3", "sleep 0.$RANK; echo bye");
+  BOOST_TEST(run.result.exit_code == 0, run.result.output);
+  BOOST_TEST(lines_starting(run.result.output, "[rank ").size() == 3u, run.result.output);
+  BOOST_TEST(!contains(run.result.output, "arbiter launch:"), run.result.output);
+}
+
+BOOST_AUTO_TEST_CASE(the_timeout_stops_hung_ranks) {
+  const Run run = launch_sh("--nproc 2 --timeout 1", "exec sleep 30");
+  BOOST_TEST(run.result.exit_code == 124, run.result.output);
+  BOOST_TEST(contains(run.result.output,
+                      "arbiter launch: timed out after 1 s with ranks 0, 1 still running; "
+                      "stopped ranks 0, 1\n"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 4, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(ranks_ignoring_sigterm_get_sigkill_after_the_grace_period) {
+  const Run run =
+      launch_sh("--nproc 2 --timeout 0.5 --grace 0.5", "trap '' TERM; sleep 30; sleep 30");
+  BOOST_TEST(run.result.exit_code == 124, run.result.output);
+  BOOST_TEST(contains(run.result.output, "(ranks 0, 1 needed SIGKILL after 0.5 s)"),
+             run.result.output);
+  BOOST_TEST(run.seconds < 4, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(nothing_a_rank_started_outlives_the_launch) {
+  // Each rank leaves a background child; rank 1 fails. Afterwards no
+  // process with the marker may remain.
+  const std::string marker = std::to_string(1000 + ::getpid() % 8000) + ".25";
+  const Run run = launch_sh("--nproc 3", "sleep " + marker +
+                                             " & if [ $RANK = 1 ]; then "
+                                             "sleep 0.3; exit 1; fi; wait");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  const CommandResult left = run_command("pgrep -f '[s]leep " + marker + "'");
+  BOOST_TEST(left.output.empty(), "left behind: " << left.output);
+  if (!left.output.empty()) {
+    std::istringstream pids(left.output);
+    for (int pid; pids >> pid;) ::kill(pid, SIGKILL);  // only our own leftovers
+  }
+  // Also when every rank succeeds while its child lives on.
+  const Run ok = launch_sh("--nproc 2", "sleep " + marker + " & echo started");
+  BOOST_TEST(ok.result.exit_code == 0, ok.result.output);
+  BOOST_TEST(ok.seconds < 5, "took " << ok.seconds << " s");
+  BOOST_TEST(run_command("pgrep -f '[s]leep " + marker + "'").output.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_program_that_cannot_start_is_named) {
+  const Run run = launch("--nproc 2 -- /no/such/program");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(contains(run.result.output,
+                      "arbiter launch: rank 0 could not start '/no/such/program': No such file"),
+             run.result.output);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(usage)
+
+BOOST_AUTO_TEST_CASE(bad_command_lines_exit_2_with_the_reason) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"-- true", "--nproc N is required"},
+      {"--nproc 0 -- true", "--nproc '0' is not a number of ranks in 1..1024"},
+      {"--nproc two -- true", "--nproc 'two' is not a number of ranks"},
+      {"--nproc 5000 -- true", "--nproc '5000' is not a number of ranks"},
+      {"--nproc 2", "give the program to run"},
+      {"--nproc 2 --", "give the program to run"},
+      {"--nproc 2 --port 0 -- true", "--port '0' is not a port number in 1..65535"},
+      {"--nproc 2 --port 70000 -- true", "--port '70000' is not a port number"},
+      {"--nproc 2 --timeout -1 -- true", "--timeout '-1' is not a number of seconds > 0"},
+      {"--nproc 2 --timeout soon -- true", "--timeout 'soon' is not a number of seconds"},
+      {"--nproc 2 --grace x -- true", "--grace 'x' is not a number of seconds >= 0"},
+      {"--nproc 2 --bogus -- true", "unrecognised option '--bogus'"},
+      {"--nproc 2 true --flag", "put the program and its arguments after `--`"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Run run = launch(args);
+    BOOST_TEST(run.result.exit_code == 2, args << ":\n" << run.result.output);
+    BOOST_TEST(contains(run.result.output, message), args << ":\n" << run.result.output);
+    BOOST_TEST(contains(run.result.output, "Run `arbiter launch --help`"), run.result.output);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_program_may_follow_without_dashes_and_help_exits_0) {
+  const Run run = launch("--nproc 1 echo hi");
+  BOOST_TEST(run.result.exit_code == 0, run.result.output);
+  BOOST_TEST(run.result.output == "[rank 0] hi\n");
+  const Run help = launch("--help");
+  BOOST_TEST(help.result.exit_code == 0);
+  BOOST_TEST(contains(help.result.output, "usage: arbiter launch --nproc N"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
