@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <type_traits>
 
 namespace arbiter {
 namespace {
+
+// The most a fallback workspace holds per call; larger calls run in slices.
+constexpr std::uint64_t kFallbackSliceBytes = std::uint64_t{16} << 20;
 
 struct Workspace {
   const arbiter_backend_v1_t* module = nullptr;
@@ -64,6 +68,12 @@ struct Communicator::Impl {
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
       : oob(o), policy(std::move(p)), options(opt) {}
+
+  Request request_for(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
+  std::uint64_t capacity(Backend b, Algorithm algorithm) const;
+  Decision decide(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
+  std::int32_t run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
+                             std::string& error) const;
 
   Request request_for(Pattern pattern) const {
     Request r;
@@ -151,7 +161,19 @@ void Communicator::Impl::create(const Registry& registry) {
     spec.hidden = options.hidden;
     spec.dtype = static_cast<arbiter_dtype>(options.dtype);
     spec.pattern_mask = options.pattern_mask;
-    spec.max_message_bytes = b == fallback ? std::max(fused_cap, largest_call) : fused_cap;
+    // Fused backends take at most the cap. The fallback takes any size, in
+    // slices of its workspace (run_in_slices), so it needs no more than the
+    // cap or kFallbackSliceBytes: a workspace the size of the largest call
+    // would cost (4 ws + 1) times that in /dev/shm for shm.
+    spec.max_message_bytes = fused_cap;
+    if (b == fallback) {
+      const std::uint64_t token =
+          std::uint64_t{options.hidden} * static_cast<std::uint64_t>(element_size(options.dtype));
+      spec.max_message_bytes = std::max(
+          {fused_cap,
+           std::min(largest_call == 0 ? kFallbackSliceBytes : largest_call, kFallbackSliceBytes),
+           token});
+    }
     spec.timeout_ms = timeout.count();
     const arbiter_backend_v1_t* module = registry.backend(b);
     arbiter_workspace* handle = nullptr;
@@ -197,37 +219,101 @@ Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry
 
 Communicator::~Communicator() { impl_->destroy(); }
 
-Decision Communicator::decide(const arbiter_allreduce_args& args) const noexcept {
-  Request r = impl_->request_for(static_cast<Pattern>(args.pattern));
+Request Communicator::Impl::request_for(const arbiter_allreduce_args& args,
+                                        std::uint32_t excluded) const {
+  Request r = request_for(static_cast<Pattern>(args.pattern));
   r.dtype = static_cast<Dtype>(args.dtype);
   r.tokens = args.tokens;
   r.hidden = args.hidden;
   r.message_bytes =
       std::uint64_t{args.tokens} * args.hidden * static_cast<std::uint64_t>(element_size(r.dtype));
-  r.excluded_backends = impl_->unusable_candidates;
+  r.excluded_backends = unusable_candidates | excluded;
+  return r;
+}
+
+std::uint64_t Communicator::Impl::capacity(Backend b, Algorithm algorithm) const {
+  const Workspace& w = workspaces[static_cast<int>(b)];
+  return w.module && w.module->max_message_bytes
+             ? w.module->max_message_bytes(w.handle, static_cast<arbiter_algorithm>(algorithm))
+             : ~std::uint64_t{0};
+}
+
+Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
+                                    std::uint32_t excluded) const {
+  Request r = request_for(args, excluded);
+  const Backend fallback = policy.tables().fallback[static_cast<int>(options.capability.device())];
   for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
-    const Decision d = impl_->policy.decide(r);
-    if (d.backend == Backend::kNone) return d;
-    const Workspace& w = impl_->workspaces[static_cast<int>(d.backend)];
-    // Never send a message larger than the workspace's per-call capacity.
-    const std::uint64_t capacity =
-        w.module && w.module->max_message_bytes
-            ? w.module->max_message_bytes(w.handle, static_cast<arbiter_algorithm>(d.algorithm))
-            : ~std::uint64_t{0};
-    if (r.message_bytes <= capacity) return d;
+    const Decision d = policy.decide(r);
+    // Never send a message larger than a fused workspace's per-call capacity;
+    // the fallback instead runs it in slices (see run_in_slices).
+    if (d.backend == Backend::kNone || d.backend == fallback ||
+        r.message_bytes <= capacity(d.backend, d.algorithm)) {
+      return d;
+    }
     r.excluded_backends |= 1u << static_cast<int>(d.backend);
   }
   return Decision{};
+}
+
+// Runs `args` on `b`, in slices of whole tokens when the message is larger
+// than the workspace takes in one call. Every output is per token, so slices
+// compute exactly what one call would (NVFP4 scale layouts excepted: those
+// calls are never sliced).
+std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
+                                               std::string& error) const {
+  const Workspace& w = workspaces[static_cast<int>(b)];
+  const std::uint64_t elt =
+      static_cast<std::uint64_t>(element_size(static_cast<Dtype>(call.dtype)));
+  const std::uint64_t token_bytes = std::uint64_t{call.hidden} * elt;
+  const std::uint64_t cap = capacity(b, static_cast<Algorithm>(call.algorithm));
+  const std::uint64_t per_slice = token_bytes == 0 ? call.tokens : cap / token_bytes;
+  if (std::uint64_t{call.tokens} * token_bytes <= cap || per_slice >= call.tokens) {
+    const std::int32_t status = w.module->run(w.handle, &call, stream);
+    if (status != ARBITER_OK) error = w.module->last_error();
+    return status;
+  }
+  if (per_slice == 0 || call.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+    error = "one token of " + std::to_string(token_bytes) + " bytes does not fit the " +
+            std::string(backend_name(b)) + " workspace (" + std::to_string(cap) +
+            " bytes per call); create the communicator with the real hidden size";
+    return ARBITER_UNSUPPORTED;
+  }
+  auto advance = [](auto*& p, std::uint64_t bytes) {
+    using Pointer = std::remove_reference_t<decltype(p)>;
+    if (p) p = reinterpret_cast<Pointer>(reinterpret_cast<std::uintptr_t>(p) + bytes);
+  };
+  const std::uint32_t total = call.tokens;
+  for (std::uint32_t done = 0; done < total;) {
+    arbiter_allreduce_args slice = call;
+    slice.tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(per_slice, total - done));
+    const std::uint64_t offset = std::uint64_t{done} * token_bytes;
+    advance(slice.input, offset);
+    advance(slice.allreduce_out, offset);
+    advance(slice.residual_in, offset);
+    advance(slice.residual_out, offset);
+    advance(slice.norm_out, offset);
+    advance(slice.quant_out, std::uint64_t{done} * call.hidden);  // FP8: a byte per element
+    const std::int32_t status = w.module->run(w.handle, &slice, stream);
+    if (status != ARBITER_OK) {
+      error = w.module->last_error();
+      return status;
+    }
+    done += slice.tokens;
+  }
+  return ARBITER_OK;
+}
+
+Decision Communicator::decide(const arbiter_allreduce_args& args) const noexcept {
+  return impl_->decide(args, 0);
 }
 
 Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args& args,
                                                     void* stream) noexcept {
   Result result;
   try {
-    arbiter_allreduce_args call = args;
-    Decision d = decide(args);
     std::uint32_t excluded = 0;
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
+      const Decision d = impl_->decide(args, excluded);
       result.decision = d;
       if (d.backend == Backend::kNone) {
         result.status = ARBITER_UNSUPPORTED;
@@ -236,25 +322,16 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
                        "; usable here: " + mask_names(impl_->usable & ~excluded) + ")";
         return result;
       }
-      const Workspace& w = impl_->workspaces[static_cast<int>(d.backend)];
+      arbiter_allreduce_args call = args;
       call.algorithm = static_cast<arbiter_algorithm>(d.algorithm);
-      const std::int32_t status = w.module->run(w.handle, &call, stream);
+      const std::int32_t status = impl_->run_in_slices(d.backend, call, stream, result.error);
       if (status != ARBITER_UNSUPPORTED) {
         result.status = static_cast<arbiter_status>(status);
-        if (status != ARBITER_OK) result.error = w.module->last_error();
         return result;
       }
-      // The backend declined this shape (deterministically on every rank):
-      // take the policy's next choice.
+      // The backend declined this shape (the same way on every rank): the
+      // policy's next choice.
       excluded |= 1u << static_cast<int>(d.backend);
-      Request r = impl_->request_for(static_cast<Pattern>(args.pattern));
-      r.dtype = static_cast<Dtype>(args.dtype);
-      r.tokens = args.tokens;
-      r.hidden = args.hidden;
-      r.message_bytes = std::uint64_t{args.tokens} * args.hidden *
-                        static_cast<std::uint64_t>(element_size(r.dtype));
-      r.excluded_backends = impl_->unusable_candidates | excluded;
-      d = impl_->policy.decide(r);
     }
     result.status = ARBITER_INTERNAL;
     result.error = "no backend accepted the call";

@@ -65,13 +65,12 @@ void Registry::Impl::load(const fs::path& path, const arbiter_probe_args& probe)
     info.reason = std::move(reason);
     modules.push_back(std::move(info));
   };
-  // Loaded once: a module seen again (same file through two search entries,
-  // or the same name in a later folder) is shadowed by the first.
+  // Loaded once: the same file reached through two search entries is skipped;
+  // another file of the same name in a later folder is shadowed by the first.
   for (const ModuleInfo& m : modules) {
     std::error_code ec;
-    if (fs::equivalent(m.path, path, ec) || m.name == info.name) {
-      return record("shadowed by " + m.path);
-    }
+    if (fs::equivalent(m.path, path, ec)) return;
+    if (m.name == info.name) return record("shadowed by " + m.path);
   }
   auto handle = std::make_unique<Handle>();
   dlerror();

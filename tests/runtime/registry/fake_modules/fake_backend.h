@@ -2,8 +2,11 @@
  * C file compiled with a -D switch that says how it is broken. */
 #include "arbiter_backend.h"
 
-static __attribute__((unused)) const char* fake_last_error(void) { return "the fake probe says no"; }
-static __attribute__((unused)) int32_t fake_probe_ok(const arbiter_probe_args* a, arbiter_backend_caps* c) {
+static __attribute__((unused)) const char* fake_last_error(void) {
+  return "the fake probe says no";
+}
+static __attribute__((unused)) int32_t fake_probe_ok(const arbiter_probe_args* a,
+                                                     arbiter_backend_caps* c) {
   (void)a;
   c->device_kind = ARBITER_DEVICE_GPU;
   c->capability = 90;
@@ -14,19 +17,22 @@ static __attribute__((unused)) int32_t fake_probe_ok(const arbiter_probe_args* a
   c->flags = ARBITER_CAPS_SINGLE_NODE_ONLY;
   return ARBITER_OK;
 }
-static __attribute__((unused)) int32_t fake_probe_fails(const arbiter_probe_args* a, arbiter_backend_caps* c) {
+static __attribute__((unused)) int32_t fake_probe_fails(const arbiter_probe_args* a,
+                                                        arbiter_backend_caps* c) {
   (void)a;
   (void)c;
   return ARBITER_UNAVAILABLE;
 }
-static __attribute__((unused)) int32_t fake_create(const arbiter_oob* o, const arbiter_workspace_spec* s,
-                           arbiter_workspace** w) {
+static __attribute__((unused)) int32_t fake_create(const arbiter_oob* o,
+                                                   const arbiter_workspace_spec* s,
+                                                   arbiter_workspace** w) {
   (void)o;
   (void)s;
   *w = 0;
   return ARBITER_UNAVAILABLE;
 }
-static __attribute__((unused)) int32_t fake_run(arbiter_workspace* w, const arbiter_allreduce_args* a, void* s) {
+static __attribute__((unused)) int32_t fake_run(arbiter_workspace* w,
+                                                const arbiter_allreduce_args* a, void* s) {
   (void)w;
   (void)a;
   (void)s;

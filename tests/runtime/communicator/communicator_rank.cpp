@@ -1,0 +1,204 @@
+// One rank of the communicator tests, run through `arbiter launch`. Modes:
+//   sizes        fused and fallback calls on several sizes and dtypes,
+//                checked against the reference and across ranks
+//   slices       a communicator whose fallback workspace is smaller than a
+//                call: the call still runs (in slices) and is right
+//   fingerprint  rank 1 restricts ARBITER_BACKENDS: creation must fail on
+//                every rank, naming the mismatch
+// Prints "rank R: OK" and exits 0 when the mode's expectations hold.
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "arbiter/bootstrap.h"
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/reference.h"
+#include "arbiter/communicator.h"
+
+namespace {
+
+using arbiter::common::load_element;
+
+std::vector<std::uint8_t> make_input(int seed, std::size_t count, arbiter_dtype dtype) {
+  const std::size_t elt = arbiter::common::dtype_size(dtype);
+  std::vector<std::uint8_t> v(count * elt);
+  std::uint32_t state = 2654435761u * static_cast<std::uint32_t>(seed + 7);
+  for (std::size_t i = 0; i < count; ++i) {
+    state = state * 1664525u + 1013904223u;
+    const float value = static_cast<float>(static_cast<int>(state >> 9) % 2001 - 1000) / 400.0f;
+    arbiter::common::store_element(v.data(), i, dtype, value);
+  }
+  return v;
+}
+
+std::uint64_t hash(const std::vector<std::uint8_t>& v) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::uint8_t b : v) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+struct Case {
+  arbiter_pattern pattern;
+  arbiter_dtype dtype;
+  std::uint32_t tokens;
+  std::uint32_t hidden;
+};
+
+// Runs one call and checks it; "" when right on this rank and equal on all.
+std::string run_case(arbiter::Bootstrap& boot, arbiter::Communicator& comm, const Case& c,
+                     std::string* decision) {
+  const std::size_t count = std::size_t{c.tokens} * c.hidden;
+  std::vector<std::vector<std::uint8_t>> inputs;
+  for (int r = 0; r < boot.world_size(); ++r) inputs.push_back(make_input(r, count, c.dtype));
+  const auto residual = make_input(1000, count, c.dtype);
+  const auto gamma = make_input(2000, c.hidden, c.dtype);
+  const std::size_t bytes = count * arbiter::common::dtype_size(c.dtype);
+  std::vector<std::uint8_t> out(bytes), residual_out(bytes), norm_out(bytes);
+  arbiter_allreduce_args a{};
+  a.pattern = c.pattern;
+  a.dtype = c.dtype;
+  a.tokens = c.tokens;
+  a.hidden = c.hidden;
+  a.input = inputs[static_cast<std::size_t>(boot.rank())].data();
+  a.eps = 1e-6f;
+  a.weight_bias = c.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM ? 1.0f : 0.0f;  // Gemma
+  if (c.pattern == ARBITER_PATTERN_ALLREDUCE) {
+    a.allreduce_out = out.data();
+  } else {
+    a.residual_in = residual.data();
+    a.residual_out = residual_out.data();
+    a.gamma = gamma.data();
+    a.norm_out = norm_out.data();
+  }
+  const auto result = comm.allreduce_fusion(a, nullptr);
+  const auto& d = result.decision;
+  *decision = std::string(arbiter::backend_name(d.backend)) + " " +
+              std::string(arbiter::algorithm_name(d.algorithm)) + (d.fused ? " fused" : " unfused");
+  if (result.status != ARBITER_OK)
+    return "status " + std::to_string(result.status) + ": " + result.error;
+  arbiter::common::ReferenceCase rc;
+  rc.pattern = c.pattern;
+  rc.dtype = c.dtype;
+  rc.tokens = c.tokens;
+  rc.hidden = c.hidden;
+  for (const auto& in : inputs) rc.inputs.push_back(in.data());
+  rc.residual_in = residual.data();
+  rc.gamma = gamma.data();
+  rc.eps = a.eps;
+  rc.weight_bias = a.weight_bias;
+  const auto ref = arbiter::common::compute_reference(rc);
+  std::string problem;
+  if (c.pattern == ARBITER_PATTERN_ALLREDUCE) {
+    problem = arbiter::common::check_output(out.data(), c.dtype, ref.sum, ref.sum_bound, c.hidden,
+                                            "allreduce_out");
+  } else {
+    problem = arbiter::common::check_output(residual_out.data(), c.dtype, ref.residual,
+                                            ref.residual_bound, c.hidden, "residual_out");
+    if (problem.empty()) {
+      problem = arbiter::common::check_output(norm_out.data(), c.dtype, ref.norm, ref.norm_bound,
+                                              c.hidden, "norm_out");
+    }
+  }
+  const std::uint64_t mine = hash(out) ^ hash(norm_out) * 3 ^ hash(residual_out) * 5;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(boot.world_size()));
+  if (!boot.allgather(&mine, all.data(), sizeof mine, std::chrono::seconds(60)).ok()) {
+    return "allgather of result hashes failed";
+  }
+  for (std::uint64_t h : all) {
+    if (h != all[0] && problem.empty()) problem = "ranks hold different bits";
+  }
+  return problem;
+}
+
+arbiter::CommunicatorOptions cpu_options(std::uint32_t max_tokens, std::uint32_t hidden,
+                                         arbiter::Dtype dtype) {
+  arbiter::CommunicatorOptions o;
+  o.capability = arbiter::Capability::cpu();
+  o.max_tokens = max_tokens;
+  o.hidden = hidden;
+  o.dtype = dtype;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+arbiter::Registry cpu_registry() {
+  arbiter::DiscoverOptions d = arbiter::DiscoverOptions::from_environment();
+  d.probe = {ARBITER_DEVICE_CPU, -1};
+  return arbiter::Registry::discover(d);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::string mode = argc > 1 ? argv[1] : "sizes";
+  if (mode == "fingerprint" && std::getenv("RANK") && std::string(std::getenv("RANK")) == "1") {
+    setenv("ARBITER_BACKENDS", "nccl,shm", 1);  // a different allowed set: other tables
+  }
+  arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
+  const arbiter::Policy policy = arbiter::Policy::from_environment();
+  const arbiter::Registry registry = cpu_registry();
+  int failures = 0;
+  auto report = [&](const std::string& what, const std::string& decision,
+                    const std::string& problem) {
+    if (!problem.empty()) ++failures;
+    if (boot.rank() == 0 || !problem.empty()) {
+      std::printf("%s: %s: %s\n", what.c_str(), decision.c_str(),
+                  problem.empty() ? "ok" : problem.c_str());
+    }
+  };
+  if (mode == "sizes") {
+    for (arbiter::Dtype dtype :
+         {arbiter::Dtype::kBf16, arbiter::Dtype::kFp16, arbiter::Dtype::kFp32}) {
+      arbiter::Communicator comm(*boot.oob(), policy, registry, cpu_options(1000, 7168, dtype));
+      const auto adt = static_cast<arbiter_dtype>(dtype);
+      // hidden 7168 bf16: 14 KiB a token; the cpu cap is 1 MiB (73 tokens).
+      for (Case c : {Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1, 7168},
+                     Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 13, 7168},
+                     Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1000, 7168},
+                     Case{ARBITER_PATTERN_ALLREDUCE, adt, 7, 2880},
+                     Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 7, 2880}}) {
+        std::string decision;
+        const std::string problem = run_case(boot, comm, c, &decision);
+        report(std::string(arbiter::dtype_name(dtype)) + " tokens " + std::to_string(c.tokens) +
+                   " hidden " + std::to_string(c.hidden),
+               decision, problem);
+      }
+    }
+  } else if (mode == "slices") {
+    // Declared largest call: 2 tokens; the call below is 300 tokens (2.5 MiB),
+    // above the 1 MiB fused cap and above the fallback workspace.
+    arbiter::Communicator comm(*boot.oob(), policy, registry,
+                               cpu_options(2, 4096, arbiter::Dtype::kBf16));
+    std::string decision;
+    const std::string problem =
+        run_case(boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_BF16, 300, 4096},
+                 &decision);
+    report("300 tokens through a 1 MiB workspace", decision, problem);
+    if (decision != "shm native unfused") {
+      ++failures;
+      std::printf("expected the unfused fallback, got %s\n", decision.c_str());
+    }
+  } else if (mode == "fingerprint") {
+    try {
+      arbiter::Communicator comm(*boot.oob(), policy, registry,
+                                 cpu_options(16, 1024, arbiter::Dtype::kBf16));
+      std::printf("rank %d: created a communicator with mismatched tables\n", boot.rank());
+      return 1;
+    } catch (const arbiter::CommunicatorError& e) {
+      std::printf("rank %d: refused: %s\n", boot.rank(), e.what());
+      if (std::string(e.what()).find("tuning tables differ across ranks") == std::string::npos) {
+        return 1;
+      }
+    }
+  } else {
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  }
+  if (failures == 0) std::printf("rank %d: OK\n", boot.rank());
+  return failures == 0 ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "communicator_rank: %s\n", e.what());
+  return 1;
+}

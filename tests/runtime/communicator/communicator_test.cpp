@@ -1,0 +1,66 @@
+// The communicator across real processes through `arbiter launch`: the
+// policy's decisions run on the shm backend, results are right and equal on
+// every rank, too-large messages still run, mismatched tables are refused,
+// and nothing is left in /dev/shm.
+#define BOOST_TEST_MODULE runtime_communicator
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+
+#include "run_command.h"
+
+using namespace arbiter::test;
+
+namespace {
+
+CommandResult launch(int ranks, const std::string& mode) {
+  return run_command(std::string("env -u ARBITER_CONFIG -u ARBITER_BACKENDS ") + ARBITER_BIN +
+                     " launch --nproc " + std::to_string(ranks) + " --timeout 240 -- " +
+                     COMMUNICATOR_RANK_BIN + " " + mode);
+}
+
+int arbiter_shm_files() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind("arbiter-shm-", 0) == 0;
+  }
+  return n;
+}
+
+bool contains(const std::string& s, const std::string& w) { return s.find(w) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fused_and_fallback_calls_are_right_on_2_4_and_8_ranks) {
+  const int before = arbiter_shm_files();
+  for (int ranks : {2, 4, 8}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      const CommandResult r = launch(ranks, "sizes");
+      BOOST_TEST(r.exit_code == 0, r.output);
+      for (int k = 0; k < ranks; ++k) {
+        BOOST_TEST(contains(r.output, "rank " + std::to_string(k) + ": OK"), r.output);
+      }
+      // The decisions the default cpu row implies (1 MiB cap).
+      BOOST_TEST(contains(r.output, "bf16 tokens 1 hidden 7168: shm oneshot fused: ok"), r.output);
+      BOOST_TEST(contains(r.output, "bf16 tokens 1000 hidden 7168: shm native unfused: ok"),
+                 r.output);
+    }
+  }
+  BOOST_TEST(arbiter_shm_files() == before);
+}
+
+BOOST_AUTO_TEST_CASE(a_message_larger_than_the_workspace_still_runs_right) {
+  const CommandResult r = launch(4, "slices");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "shm native unfused: ok"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_with_different_tables_are_refused) {
+  const CommandResult r = launch(3, "fingerprint");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  for (int k = 0; k < 3; ++k) {
+    BOOST_TEST(contains(r.output, "rank " + std::to_string(k) + ": refused: tuning tables differ"),
+               r.output);
+  }
+  BOOST_TEST(contains(r.output, "ARBITER_CONFIG and ARBITER_BACKENDS"), r.output);
+}
