@@ -1,6 +1,7 @@
 // arbiter plugins: every backend module found, its ABI version, and whether
 // it is available here or why not.
 #include <iostream>
+#include <vector>
 
 #include "arbiter/json_writer.h"
 #include "arbiter/registry.h"
@@ -19,11 +20,26 @@ int cmd_plugins(const Args& args) {
               << desc;
     return kExitOk;
   }
-  const Registry registry = Registry::discover(DiscoverOptions::from_environment());
+  // Ask every module about both kinds of rank (this program does not know
+  // which the user runs): available when it serves either.
+  DiscoverOptions gpu = DiscoverOptions::from_environment();
+  DiscoverOptions cpu = gpu;
+  cpu.probe = {ARBITER_DEVICE_CPU, -1};
+  const Registry for_gpu = Registry::discover(gpu);
+  const Registry for_cpu = Registry::discover(cpu);
+  std::vector<ModuleInfo> modules = for_gpu.modules();
+  for (ModuleInfo& m : modules) {
+    for (const ModuleInfo& c : for_cpu.modules()) {
+      if (c.path == m.path && c.available && !m.available) m = c;
+    }
+  }
+  auto kind = [](const ModuleInfo& m) -> std::string {
+    return m.caps.device_kind == ARBITER_DEVICE_CPU ? "cpu" : "gpu";
+  };
   if (vm["json"].as<bool>()) {
     std::string out = "[";
     bool first = true;
-    for (const ModuleInfo& m : registry.modules()) {
+    for (const ModuleInfo& m : modules) {
       if (!first) out += ",";
       first = false;
       JsonObject o(out);
@@ -31,24 +47,27 @@ int cmd_plugins(const Args& args) {
       o.str("path", m.path);
       o.num("abi_version", m.abi_version);
       o.boolean("available", m.available);
-      if (m.available)
+      if (m.available) {
+        o.str("device", kind(m));
         o.null("reason");
-      else
+      } else {
+        o.null("device");
         o.str("reason", m.reason);
+      }
       o.close();
     }
     std::cout << out << "]\n";
     return kExitOk;
   }
-  if (registry.modules().empty()) {
+  if (modules.empty()) {
     std::cout << "no backend modules found (searched ARBITER_PLUGIN_PATH and "
               << Registry::default_plugin_folder() << ")\n";
     return kExitOk;
   }
-  for (const ModuleInfo& m : registry.modules()) {
+  for (const ModuleInfo& m : modules) {
     std::cout << m.name << "  ABI v" << m.abi_version << "  "
-              << (m.available ? "available" : "unavailable: " + m.reason) << "  (" << m.path
-              << ")\n";
+              << (m.available ? "available (" + kind(m) + " ranks)" : "unavailable: " + m.reason)
+              << "  (" << m.path << ")\n";
   }
   return kExitOk;
 }

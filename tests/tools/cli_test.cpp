@@ -207,3 +207,29 @@ BOOST_AUTO_TEST_CASE(endless_input_ends_in_an_error_not_a_hang) {
   BOOST_TEST(r.exit_code == 1, r.output);
   BOOST_TEST(contains(r.output, "larger than 16 MiB"), r.output);
 }
+
+BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
+  const CommandResult r = run_arbiter("plugins --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  const Json j = JsonReader::parse(r.output);
+  BOOST_REQUIRE(j.kind == Json::Kind::kArray);
+  bool saw_shm = false;
+  for (const Json& m : j.array) {
+    BOOST_TEST(m.has("name"));
+    BOOST_TEST(m["abi_version"].is_integer());
+    BOOST_TEST((m["available"].kind == Json::Kind::kBool));
+    if (!m["available"].boolean) BOOST_TEST(!m["reason"].string.empty());
+    if (m["name"].string == "shm") {
+      saw_shm = true;
+      BOOST_TEST(m["available"].boolean);
+      BOOST_TEST(m["device"].string == "cpu");
+    }
+  }
+  BOOST_TEST(saw_shm, r.output);
+  // A folder of broken modules on ARBITER_PLUGIN_PATH is reported, not fatal.
+  const CommandResult broken = run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" +
+                                           std::string(ARBITER_PLUGIN_DIR) + " " + ARBITER_BIN +
+                                           " plugins");
+  BOOST_TEST(broken.exit_code == 0, broken.output);
+  BOOST_TEST(contains(broken.output, "shm  ABI v1  available (cpu ranks)"), broken.output);
+}

@@ -153,9 +153,13 @@ int main(int argc, char** argv) try {
          {arbiter::Dtype::kBf16, arbiter::Dtype::kFp16, arbiter::Dtype::kFp32}) {
       arbiter::Communicator comm(*boot.oob(), policy, registry, cpu_options(1000, 7168, dtype));
       const auto adt = static_cast<arbiter_dtype>(dtype);
-      // hidden 7168 bf16: 14 KiB a token; the cpu cap is 1 MiB (73 tokens).
-      for (Case c : {Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1, 7168},
+      // The default cpu row: fused up to 4 MiB, one-shot while bytes x ranks
+      // <= 64 KiB. 1 token of 2880 (bf16 5.6 KiB): one-shot at 2..8 ranks;
+      // 13 and 36 tokens of 7168 (182 and 504 KiB): two-shot; 1000 tokens of
+      // 7168 (14 MiB): above the cap, unfused.
+      for (Case c : {Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1, 2880},
                      Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 13, 7168},
+                     Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 36, 7168},
                      Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1000, 7168},
                      Case{ARBITER_PATTERN_ALLREDUCE, adt, 7, 2880},
                      Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 7, 2880}}) {
@@ -167,15 +171,15 @@ int main(int argc, char** argv) try {
       }
     }
   } else if (mode == "slices") {
-    // Declared largest call: 2 tokens; the call below is 300 tokens (2.5 MiB),
-    // above the 1 MiB fused cap and above the fallback workspace.
+    // Declared largest call: 2 tokens, so the shm workspace holds the 4 MiB
+    // fused cap; the call below is 1200 tokens (9.4 MiB), above the cap and
+    // above the workspace: it runs unfused, in slices.
     arbiter::Communicator comm(*boot.oob(), policy, registry,
                                cpu_options(2, 4096, arbiter::Dtype::kBf16));
     std::string decision;
-    const std::string problem =
-        run_case(boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_BF16, 300, 4096},
-                 &decision);
-    report("300 tokens through a 1 MiB workspace", decision, problem);
+    const std::string problem = run_case(
+        boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_BF16, 1200, 4096}, &decision);
+    report("1200 tokens through a 4 MiB workspace", decision, problem);
     if (decision != "shm native unfused") {
       ++failures;
       std::printf("expected the unfused fallback, got %s\n", decision.c_str());

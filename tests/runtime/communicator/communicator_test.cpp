@@ -40,8 +40,9 @@ BOOST_AUTO_TEST_CASE(fused_and_fallback_calls_are_right_on_2_4_and_8_ranks) {
       for (int k = 0; k < ranks; ++k) {
         BOOST_TEST(contains(r.output, "rank " + std::to_string(k) + ": OK"), r.output);
       }
-      // The decisions the default cpu row implies (1 MiB cap).
-      BOOST_TEST(contains(r.output, "bf16 tokens 1 hidden 7168: shm oneshot fused: ok"), r.output);
+      // The decisions the default cpu row implies.
+      BOOST_TEST(contains(r.output, "bf16 tokens 1 hidden 2880: shm oneshot fused: ok"), r.output);
+      BOOST_TEST(contains(r.output, "bf16 tokens 36 hidden 7168: shm twoshot fused: ok"), r.output);
       BOOST_TEST(contains(r.output, "bf16 tokens 1000 hidden 7168: shm native unfused: ok"),
                  r.output);
     }

@@ -81,9 +81,11 @@ ARBITER_HD inline std::uint8_t nvfp4_quantize_block(const float* y, std::uint32_
 // sums on entry and is used as scratch.
 // REQUIRES: host-visible buffers; norm patterns need residual_in and gamma,
 // FP8/NVFP4 need quant_out and scale, NVFP4 needs scale_out and hidden % 16 == 0.
-ARBITER_HD inline void apply_epilogue_token(const arbiter_allreduce_args& args, std::uint32_t token,
-                                            float* row) {
-  const arbiter_dtype dtype = args.dtype;
+template <arbiter_dtype kDtype>
+ARBITER_HD inline void apply_epilogue_token_as(const arbiter_allreduce_args& args,
+                                               std::uint32_t token, float* row) {
+  // A compile-time dtype folds the per-element conversions' switches away.
+  constexpr arbiter_dtype dtype = kDtype;
   const std::uint32_t hidden = args.hidden;
   const std::size_t base = static_cast<std::size_t>(token) * hidden;
   for (std::uint32_t i = 0; i < hidden; ++i) {
@@ -119,6 +121,19 @@ ARBITER_HD inline void apply_epilogue_token(const arbiter_allreduce_args& args, 
       scales[scale_offset(linear, token, block, blocks)] =
           nvfp4_quantize_block(row + first, kNvfp4BlockSize, *args.scale, quant + first / 2);
     }
+  }
+}
+
+// Dispatches once per token on the runtime dtype.
+ARBITER_HD inline void apply_epilogue_token(const arbiter_allreduce_args& args, std::uint32_t token,
+                                            float* row) {
+  switch (args.dtype) {
+    case ARBITER_DTYPE_FP16:
+      return apply_epilogue_token_as<ARBITER_DTYPE_FP16>(args, token, row);
+    case ARBITER_DTYPE_BF16:
+      return apply_epilogue_token_as<ARBITER_DTYPE_BF16>(args, token, row);
+    default:
+      return apply_epilogue_token_as<ARBITER_DTYPE_FP32>(args, token, row);
   }
 }
 
