@@ -14,3 +14,9 @@ echo "\$ arbiter decide --capability 10.3 --world-size 16 --nodes 4 --nvlink-dom
 echo
 echo "\$ arbiter sweep --capability 10.3 --world-size 16 --nodes 4 --nvlink-domain --multicast"
 "$arbiter" sweep --capability 10.3 --world-size 16 --nodes 4 --nvlink-domain --multicast
+echo
+echo "\$ arbiter plugins"
+"$arbiter" plugins
+echo
+echo "\$ arbiter launch --nproc 4 -- arbiter-example-fused"
+"$arbiter" launch --nproc 4 --timeout 300 -- "${BUILD_DIR:-build}/bin/arbiter-example-fused"
