@@ -15,7 +15,6 @@ namespace arbiter::shm {
 
 Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   const arbiter_dtype dtype = workspace.dtype();
-  const std::int32_t ranks = workspace.world_size();
   const std::uint32_t hidden = args.hidden;
   const std::size_t elements = static_cast<std::size_t>(args.tokens) * hidden;
   const std::size_t bytes = elements * common::dtype_size(dtype);
@@ -30,13 +29,7 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
     if (workspace.sum_buffer.size() < bytes) workspace.sum_buffer.resize(bytes);
     sums = workspace.sum_buffer.data();
   }
-  for (std::size_t i = 0; i < elements; ++i) {
-    float sum = common::load_element(workspace.twoshot_input(0), i, dtype);
-    for (std::int32_t peer = 1; peer < ranks; ++peer) {
-      sum += common::load_element(workspace.twoshot_input(peer), i, dtype);
-    }
-    common::store_element(sums, i, dtype, sum);
-  }
+  workspace.sum_inputs(0, elements, sums);
   // Nobody may overwrite its input copy (next call) while another rank sums.
   status = workspace.barrier(backoff, "native barrier 2 (inputs read)");
   if (!status.ok()) return status;

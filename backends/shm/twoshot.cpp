@@ -34,13 +34,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t begin = std::size_t{common::slice_begin(args.tokens, ranks, rank)} * hidden;
   const std::size_t end = std::size_t{common::slice_end(args.tokens, ranks, rank)} * hidden;
   std::byte* sums = workspace.sums();
-  for (std::size_t i = begin; i < end; ++i) {
-    float sum = common::load_element(workspace.twoshot_input(0), i, dtype);
-    for (std::int32_t peer = 1; peer < ranks; ++peer) {
-      sum += common::load_element(workspace.twoshot_input(peer), i, dtype);
-    }
-    common::store_element(sums, i, dtype, sum);
-  }
+  workspace.sum_inputs(begin, end, sums);
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;
 

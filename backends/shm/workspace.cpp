@@ -5,6 +5,7 @@
 #include <atomic>
 #include <string>
 
+#include "arbiter/common/numeric.h"
 #include "arbiter/common/stages.h"
 
 namespace arbiter::shm {
@@ -89,6 +90,18 @@ Status Workspace::usable() {
   return {ARBITER_PEER_FAILED, "shm: rank " + std::to_string(who - 1) +
                                    " timed out in an earlier call; this workspace can no "
                                    "longer be used (destroy it and create a new one)"};
+}
+
+void Workspace::sum_inputs(std::size_t begin, std::size_t end, void* out) {
+  const arbiter_dtype type = dtype();
+  const std::int32_t ranks = world_size();
+  for (std::size_t i = begin; i < end; ++i) {
+    float sum = common::load_element(twoshot_input(0), i, type);
+    for (std::int32_t peer = 1; peer < ranks; ++peer) {
+      sum += common::load_element(twoshot_input(peer), i, type);
+    }
+    common::store_element(out, i, type, sum);
+  }
 }
 
 }  // namespace arbiter::shm

@@ -37,6 +37,10 @@ class Workspace {
   std::byte* oneshot_slot(std::uint32_t stage, std::int32_t rank);
   std::byte* twoshot_input(std::int32_t rank);
   std::byte* sums();
+  // Elements [begin, end) of every rank's two-shot input, summed in fp32 in
+  // rank order and stored as the workspace's dtype into `out` (same indices):
+  // the one summation two-shot and the unfused path share.
+  void sum_inputs(std::size_t begin, std::size_t end, void* out);
 
   // A backoff whose deadline is timeout_ms from now, for one run().
   Backoff start_call();
