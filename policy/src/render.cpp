@@ -8,17 +8,6 @@
 namespace arbiter {
 namespace {
 
-std::string mask_names(std::uint32_t mask) {
-  std::string s;
-  for (int b = 0; b < kBackendCount; ++b) {
-    if ((mask >> b) & 1u) {
-      if (!s.empty()) s += ", ";
-      s += backend_name(static_cast<Backend>(b));
-    }
-  }
-  return s.empty() ? "none" : s;
-}
-
 std::string_view rule_name(Rule r) {
   switch (r) {
     case Rule::kRequestCheck:
@@ -110,10 +99,10 @@ std::string entry_text(const Policy& p, const Request& r, const TraceEntry& e) {
                        : "invalid request (" + request_text(r) +
                              "): needs world size >= 2 and 1 <= nodes <= world size";
     case Rule::kAllowedBackends: {
-      std::string s = "backends allowed: " + mask_names(static_cast<std::uint32_t>(e.value));
+      std::string s = "backends allowed: " + backend_mask_names(static_cast<std::uint32_t>(e.value));
       if (t.backends_env) s += " (ARBITER_BACKENDS=" + *t.backends_env + ")";
       if (e.limit != 0)
-        s += "; excluded by the caller: " + mask_names(static_cast<std::uint32_t>(e.limit));
+        s += "; excluded by the caller: " + backend_mask_names(static_cast<std::uint32_t>(e.limit));
       return s;
     }
     case Rule::kFusionCell: {

@@ -88,6 +88,17 @@ std::string_view backend_name(Backend b) {
 }
 std::string_view algorithm_name(Algorithm a) { return kAlgorithmNames[static_cast<int>(a)]; }
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "cpu"; }
+std::string backend_mask_names(std::uint32_t mask) {
+  std::string s;
+  for (int b = 0; b < kBackendCount; ++b) {
+    if ((mask >> b) & 1u) {
+      if (!s.empty()) s += ", ";
+      s += kBackendNames[b];
+    }
+  }
+  return s.empty() ? "none" : s;
+}
+
 int element_size(Dtype d) { return d == Dtype::kFp32 ? 4 : 2; }
 
 }  // namespace arbiter

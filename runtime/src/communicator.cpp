@@ -37,15 +37,6 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-std::string mask_names(std::uint32_t mask) {
-  std::string s;
-  for (int b = 0; b < kBackendCount; ++b) {
-    if ((mask >> b) & 1u)
-      s += (s.empty() ? "" : ", ") + std::string(backend_name(static_cast<Backend>(b)));
-  }
-  return s.empty() ? "none" : s;
-}
-
 // The reason the registry recorded for the module named like `b`.
 std::string why_unavailable(const Registry& registry, Backend b) {
   for (const ModuleInfo& m : registry.modules()) {
@@ -318,8 +309,8 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
       if (d.backend == Backend::kNone) {
         result.status = ARBITER_UNSUPPORTED;
         result.error = "no backend can run this call (tables allow " +
-                       mask_names(impl_->policy.tables().allowed_mask) +
-                       "; usable here: " + mask_names(impl_->usable & ~excluded) + ")";
+                       backend_mask_names(impl_->policy.tables().allowed_mask) +
+                       "; usable here: " + backend_mask_names(impl_->usable & ~excluded) + ")";
         return result;
       }
       arbiter_allreduce_args call = args;

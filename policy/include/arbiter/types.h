@@ -84,6 +84,8 @@ std::string_view pattern_name(Pattern p);
 std::string_view backend_name(Backend b);
 std::string_view algorithm_name(Algorithm a);
 std::string_view device_kind_name(DeviceKind d);
+// "trtllm, nccl" for bits (1 << Backend) set in `mask`; "none" when empty.
+std::string backend_mask_names(std::uint32_t mask);
 int element_size(Dtype d);
 
 }  // namespace arbiter
