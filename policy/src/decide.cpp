@@ -140,17 +140,12 @@ Decision Policy::explain(const Request& r) const noexcept {
   return d;
 }
 
-Decision Policy::decide(const Request& r) const noexcept {
-  // Everything but the message size was settled at load time per (capability,
-  // world size, signature); what is left are compares and selects, with no
-  // branch on the size (it varies call to call and would mispredict).
+Decision Policy::decide_slow(const Request& r) const noexcept {
   const Compiled& c = *impl_;
-  if (!valid_request(r) || r.excluded_backends != 0) [[unlikely]] {
-    return decide_by_rules(*this, r);
-  }
-  const std::uint32_t shape =
+  if (!valid_request(r) || r.excluded_backends != 0) return decide_by_rules(*this, r);
+  const std::uint32_t block =
       r.world_size < stride_ ? shape_of_[(r.capability.code() & 0xFF) * stride_ + r.world_size] : 0;
-  if (shape == 0) {
+  if (block == 0) {
     // No fusion entry for (capability, world size): the fallback, if it can.
     Decision d;
     const Backend fb = c.fallback[static_cast<int>(r.capability.device())];
@@ -159,23 +154,20 @@ Decision Policy::decide(const Request& r) const noexcept {
     d.reason = ok ? Reason::kNoFusionCell : Reason::kNoBackend;
     return d;
   }
-  const std::uint32_t sig = detail::signature(r);
-  const detail::Route* route = &routes_[(shape - 1) * detail::kSignatureCount + sig];
   // Cells keyed by node counts: this count may have a block of its own.
+  const std::uint32_t sig = detail::signature(r);
+  const detail::Route* route = &routes_[(block - 1) * detail::kSignatureCount + sig];
   for (std::uint32_t i = route->nodes_begin; i < route->nodes_end; ++i) {
     if (c.nodes_routes[i].nodes == r.nodes) {
       route = &routes_[c.nodes_routes[i].block * detail::kSignatureCount + sig];
       break;
     }
   }
-
   const unsigned fits = r.message_bytes < route->cap_below;
-  // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
   const unsigned few_tokens = route->twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
   const unsigned one = (r.message_bytes < route->oneshot_below) | few_tokens;
   const detail::Route::Head& h = route->head[fits + (fits & one)];
   Decision d;
-  // backend, algorithm, fused and reason in one 32-bit copy.
   std::memcpy(static_cast<void*>(&d), &h, 4);
   d.cap = route->cap;
   d.fusion_origin = route->fusion_origin;

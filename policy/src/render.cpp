@@ -99,7 +99,8 @@ std::string entry_text(const Policy& p, const Request& r, const TraceEntry& e) {
                        : "invalid request (" + request_text(r) +
                              "): needs world size >= 2 and 1 <= nodes <= world size";
     case Rule::kAllowedBackends: {
-      std::string s = "backends allowed: " + backend_mask_names(static_cast<std::uint32_t>(e.value));
+      std::string s =
+          "backends allowed: " + backend_mask_names(static_cast<std::uint32_t>(e.value));
       if (t.backends_env) s += " (ARBITER_BACKENDS=" + *t.backends_env + ")";
       if (e.limit != 0)
         s += "; excluded by the caller: " + backend_mask_names(static_cast<std::uint32_t>(e.limit));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "arbiter/decision.h"
+#include "arbiter/detail/route.h"
 #include "arbiter/diagnostic.h"
 #include "arbiter/request.h"
 #include "arbiter/tables.h"
@@ -67,7 +68,6 @@ struct LoadResult;
 
 namespace detail {
 struct Compiled;
-struct Route;
 }  // namespace detail
 
 class Policy {
@@ -80,7 +80,8 @@ class Policy {
   static Policy from_environment();
 
   // The hot path: a few nanoseconds, no allocation, no exception. The
-  // returned trace is empty.
+  // returned trace is empty. Inline: the common case is a table lookup and
+  // two compares; everything else goes to decide_slow().
   Decision decide(const Request& request) const noexcept;
   // The same decision, with every rule evaluated recorded in its trace.
   Decision explain(const Request& request) const noexcept;
@@ -113,6 +114,10 @@ class Policy {
 
  private:
   explicit Policy(std::shared_ptr<const detail::Compiled> impl);
+  // decide() for requests its inline part does not cover: invalid, backends
+  // excluded, no fusion cell, cells keyed by node counts.
+  Decision decide_slow(const Request& request) const noexcept;
+
   std::shared_ptr<const detail::Compiled> impl_;
   // Copies of the compiled lookup's addresses, so decide() reaches its route
   // without first loading them through impl_ (one dependent load less).
@@ -125,6 +130,37 @@ struct LoadResult {
   std::optional<Policy> policy;         // empty when any error was found
   std::vector<Diagnostic> diagnostics;  // errors and warnings, in file order
 };
+
+inline Decision Policy::decide(const Request& r) const noexcept {
+  // No branch here depends on the message size (it changes call to call):
+  // two compares pick one of a route's three precomputed outcomes.
+  const bool plain = r.world_size >= 2 && r.world_size < stride_ && r.nodes - 1u < r.world_size &&
+                     r.excluded_backends == 0;
+  if (!plain) [[unlikely]] {
+    return decide_slow(r);
+  }
+  const std::uint32_t block = shape_of_[(r.capability.code() & 0xFFu) * stride_ + r.world_size];
+  if (block == 0) return decide_slow(r);  // no fusion cell: the fallback
+  const detail::Route& route =
+      routes_[(block - 1) * detail::kSignatureCount + detail::signature(r)];
+  if (route.nodes_begin != route.nodes_end) [[unlikely]] {
+    return decide_slow(r);
+  }
+  const unsigned fits = r.message_bytes < route.cap_below;
+  // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
+  const unsigned few_tokens = route.twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
+  const unsigned one = (r.message_bytes < route.oneshot_below) | few_tokens;
+  const detail::Route::Head& h = route.head[fits + (fits & one)];
+  Decision d;
+  d.backend = h.backend;
+  d.algorithm = h.algorithm;
+  d.fused = h.fused;
+  d.reason = h.reason;
+  d.cap = route.cap;
+  d.fusion_origin = route.fusion_origin;
+  d.oneshot_origin = h.oneshot_origin;
+  return d;
+}
 
 // A band of message sizes [first, last] over which the decision is the same.
 struct Band {
