@@ -189,6 +189,17 @@ Policy Policy::load_or_throw(const LoadOptions& options) {
 
 Policy Policy::from_environment() { return load_or_throw(LoadOptions::from_environment()); }
 
+Policy Policy::without_backends(std::uint32_t mask) const {
+  if ((impl_->tables.allowed_mask & mask) == 0) return *this;
+  auto compiled = std::make_shared<detail::Compiled>();
+  compiled->tables = impl_->tables;
+  compiled->tables.allowed_mask &= ~mask;
+  compiled->warnings = impl_->warnings;
+  detail::compile(*compiled);
+  compiled->fingerprint = impl_->fingerprint;
+  return Policy(std::move(compiled));
+}
+
 std::uint64_t Policy::fingerprint() const noexcept { return impl_->fingerprint; }
 
 std::string Policy::fingerprint_hex() const {

@@ -53,7 +53,8 @@ struct Communicator::Impl {
   CommunicatorOptions options;
   Workspace workspaces[kBackendCount];
   std::uint32_t usable = 0;
-  // Backends the policy might pick that have no workspace: excluded per call.
+  // Backends the policy might pick that have no workspace; after creation the
+  // policy no longer allows them.
   std::uint32_t unusable_candidates = 0;
   std::vector<std::string> dropped;
 
@@ -186,6 +187,9 @@ void Communicator::Impl::create(const Registry& registry) {
         "take would have nowhere to go; backends dropped: " +
         (dropped.empty() ? "none" : dropped.back()) + " (see `arbiter plugins`)");
   }
+  // Decide with the dropped backends no longer allowed, so every call takes
+  // the policy's fast path instead of excluding them one call at a time.
+  policy = policy.without_backends(unusable_candidates);
 }
 
 void Communicator::Impl::destroy() {
@@ -218,7 +222,7 @@ Request Communicator::Impl::request_for(const arbiter_allreduce_args& args,
   r.hidden = args.hidden;
   r.message_bytes =
       std::uint64_t{args.tokens} * args.hidden * static_cast<std::uint64_t>(element_size(r.dtype));
-  r.excluded_backends = unusable_candidates | excluded;
+  r.excluded_backends = excluded;
   return r;
 }
 

@@ -260,6 +260,29 @@ BOOST_AUTO_TEST_CASE(the_fingerprint_does_not_depend_on_how_the_file_is_written)
   BOOST_TEST(reordered.fingerprint() == Policy::load_or_throw(LoadOptions{}).fingerprint());
 }
 
+BOOST_AUTO_TEST_CASE(without_backends_decides_as_excluding_them_per_call) {
+  const Policy base = Policy::load_or_throw(LoadOptions{});
+  for (std::uint32_t mask : {1u, 2u, 3u, 4u, 8u}) {
+    const Policy restricted = base.without_backends(mask);
+    BOOST_TEST(restricted.fingerprint() == base.fingerprint());
+    for (int cap : {90, 100, 103}) {
+      for (std::uint32_t ws : {2u, 4u, 8u, 16u}) {
+        for (std::uint32_t nodes : {1u, 4u}) {
+          for (std::uint64_t bytes : {std::uint64_t{1024}, 3 * kMiB, 64 * kMiB}) {
+            Request r = gb300(ws, nodes, Pattern::kResidualRmsnorm, bytes);
+            r.capability = Capability::sm(static_cast<std::uint16_t>(cap));
+            const Decision fast = restricted.decide(r);
+            r.excluded_backends = mask;
+            const Decision excluded = base.decide(r);
+            BOOST_TEST(fast.same_choice(excluded));
+            BOOST_TEST(fast.reason == excluded.reason);
+          }
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(an_embedded_default_program_decides_with_no_files) {
   BOOST_TEST(!embedded_default_yaml().empty());
   BOOST_TEST(embedded_default_yaml().find("format: 1") != std::string_view::npos);

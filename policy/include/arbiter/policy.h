@@ -93,6 +93,12 @@ class Policy {
   // size (no cell, `off`, or no eligible fused backend).
   std::optional<std::uint64_t> max_fused_bytes(const Request& request) const noexcept;
 
+  // The same tables with the backends in `mask` (bit 1 << Backend) no longer
+  // allowed: what decide() with Request::excluded_backends = mask answers, on
+  // the fast path. For a runtime whose workspaces for those backends failed.
+  // The fingerprint stays that of the tables (every rank compares those).
+  Policy without_backends(std::uint32_t mask) const;
+
   // Stable 64-bit hash of the effective tables (cells, backend rules,
   // preference, allowed backends); origins and provenance do not count.
   // Equal on every machine for equal tables.
