@@ -1,29 +1,13 @@
-// Status values inside the shm module, and the per-thread message behind the
-// ABI's last_error(). Nothing here crosses the plugin boundary but the code
-// and a C string.
+// The per-thread message behind the ABI's last_error() for the shm module.
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <utility>
 
-#include "arbiter_backend.h"
+#include "arbiter/common/status.h"
 
 namespace arbiter::shm {
 
-class [[nodiscard]] Status {
- public:
-  Status() = default;
-  Status(arbiter_status code, std::string message) : code_(code), message_(std::move(message)) {}
-
-  bool ok() const { return code_ == ARBITER_OK; }
-  arbiter_status code() const { return code_; }
-  const std::string& message() const { return message_; }
-
- private:
-  arbiter_status code_ = ARBITER_OK;
-  std::string message_;
-};
+using common::Status;
 
 // Records `status` as this thread's last error (when it is one) and returns
 // its code for the ABI.
