@@ -24,10 +24,12 @@ namespace arbiter::shm {
 namespace {
 
 // Adds rank `peer`'s slot to `sums` (or assigns, for rank 0), waiting for
-// each word until none of its elements is -0.0 any more.
+// each word until none of its elements is -0.0 any more. The dtype is a
+// template argument so the per-element conversions compile without a switch.
+template <arbiter_dtype kDtype>
 Status accumulate_slot(Workspace& workspace, Backoff& backoff, std::int32_t peer,
                        std::uint32_t stage, std::uint64_t bytes, float* sums) {
-  const arbiter_dtype dtype = workspace.dtype();
+  constexpr arbiter_dtype dtype = kDtype;
   std::byte* slot = workspace.oneshot_slot(stage, peer);
   const bool first = peer == 0;
   auto what = [&](std::uint64_t offset) {
@@ -89,7 +91,12 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   // Fixed rank order: every rank adds the same floats in the same order and
   // gets the same bits.
   for (std::int32_t peer = 0; peer < workspace.world_size(); ++peer) {
-    Status status = accumulate_slot(workspace, backoff, peer, stage, bytes, sums);
+    Status status =
+        dtype == ARBITER_DTYPE_FP16
+            ? accumulate_slot<ARBITER_DTYPE_FP16>(workspace, backoff, peer, stage, bytes, sums)
+        : dtype == ARBITER_DTYPE_BF16
+            ? accumulate_slot<ARBITER_DTYPE_BF16>(workspace, backoff, peer, stage, bytes, sums)
+            : accumulate_slot<ARBITER_DTYPE_FP32>(workspace, backoff, peer, stage, bytes, sums);
     if (!status.ok()) return status;
   }
   workspace.stage = next;

@@ -75,6 +75,8 @@ class Workspace {
   std::uint64_t max_message_bytes_;
   std::int64_t timeout_ms_;
   std::uint32_t barrier_flag_ = 0;
+  // Scratch for sum_inputs(); sized once, so calls do not allocate.
+  std::vector<const std::byte*> input_pointers_;
 };
 
 // Collective over oob: see workspace_create.cpp.
