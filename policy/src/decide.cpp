@@ -8,19 +8,8 @@
 #include "arbiter/policy.h"
 #include "compiled.h"
 
-#include <cstddef>
-#include <cstring>
-
 namespace arbiter {
 namespace {
-
-static_assert(offsetof(Decision, backend) == 0 && offsetof(Decision, algorithm) == 1 &&
-                  offsetof(Decision, fused) == 2 && offsetof(Decision, reason) == 3 &&
-                  offsetof(detail::Route::Head, backend) == 0 &&
-                  offsetof(detail::Route::Head, algorithm) == 1 &&
-                  offsetof(detail::Route::Head, fused) == 2 &&
-                  offsetof(detail::Route::Head, reason) == 3,
-              "decide() copies the first four fields of a Route::Head into a Decision");
 
 using detail::Compiled;
 using detail::CompiledCell;
@@ -163,16 +152,7 @@ Decision Policy::decide_slow(const Request& r) const noexcept {
       break;
     }
   }
-  const unsigned fits = r.message_bytes < route->cap_below;
-  const unsigned few_tokens = route->twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
-  const unsigned one = (r.message_bytes < route->oneshot_below) | few_tokens;
-  const detail::Route::Head& h = route->head[fits + (fits & one)];
-  Decision d;
-  std::memcpy(static_cast<void*>(&d), &h, 4);
-  d.cap = route->cap;
-  d.fusion_origin = route->fusion_origin;
-  d.oneshot_origin = h.oneshot_origin;
-  return d;
+  return detail::decide_from_route(*route, r);
 }
 
 std::optional<std::uint64_t> Policy::max_fused_bytes(const Request& request) const noexcept {

@@ -153,10 +153,10 @@ BOOST_AUTO_TEST_CASE(cpu_ranks_get_host_backends_only) {
       BOOST_TEST(d.fused);
       BOOST_TEST(d.cap == 4 * kMiB);
       BOOST_TEST(d.algorithm == Algorithm::kTwoshot);
-      // One-shot while bytes x world size <= 64 KiB.
-      r.message_bytes = 64 * kKiB / ws;
+      // One-shot while bytes x world size <= 256 KiB.
+      r.message_bytes = 256 * kKiB / ws;
       BOOST_TEST(defaults().decide(r).algorithm == Algorithm::kOneshot);
-      r.message_bytes = 64 * kKiB / ws + 1;
+      r.message_bytes = 256 * kKiB / ws + 1;
       BOOST_TEST(defaults().decide(r).algorithm == Algorithm::kTwoshot);
       r.message_bytes = 4 * kMiB + 1;
       d = defaults().decide(r);

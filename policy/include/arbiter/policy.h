@@ -138,8 +138,7 @@ struct LoadResult {
 };
 
 inline Decision Policy::decide(const Request& r) const noexcept {
-  // No branch here depends on the message size (it changes call to call):
-  // two compares pick one of a route's three precomputed outcomes.
+  // No branch here depends on the message size (it changes call to call).
   const bool plain = r.world_size >= 2 && r.world_size < stride_ && r.nodes - 1u < r.world_size &&
                      r.excluded_backends == 0;
   if (!plain) [[unlikely]] {
@@ -152,20 +151,7 @@ inline Decision Policy::decide(const Request& r) const noexcept {
   if (route.nodes_begin != route.nodes_end) [[unlikely]] {
     return decide_slow(r);
   }
-  const unsigned fits = r.message_bytes < route.cap_below;
-  // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
-  const unsigned few_tokens = route.twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
-  const unsigned one = (r.message_bytes < route.oneshot_below) | few_tokens;
-  const detail::Route::Head& h = route.head[fits + (fits & one)];
-  Decision d;
-  d.backend = h.backend;
-  d.algorithm = h.algorithm;
-  d.fused = h.fused;
-  d.reason = h.reason;
-  d.cap = route.cap;
-  d.fusion_origin = route.fusion_origin;
-  d.oneshot_origin = h.oneshot_origin;
-  return d;
+  return detail::decide_from_route(route, r);
 }
 
 // A band of message sizes [first, last] over which the decision is the same.

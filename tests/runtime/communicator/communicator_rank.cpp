@@ -154,7 +154,7 @@ int main(int argc, char** argv) try {
       arbiter::Communicator comm(*boot.oob(), policy, registry, cpu_options(1000, 7168, dtype));
       const auto adt = static_cast<arbiter_dtype>(dtype);
       // The default cpu row: fused up to 4 MiB, one-shot while bytes x ranks
-      // <= 64 KiB. 1 token of 2880 (bf16 5.6 KiB): one-shot at 2..8 ranks;
+      // <= 256 KiB. 1 token of 2880 (bf16 5.6 KiB): one-shot at 2..8 ranks;
       // 13 and 36 tokens of 7168 (182 and 504 KiB): two-shot; 1000 tokens of
       // 7168 (14 MiB): above the cap, unfused.
       for (Case c : {Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1, 2880},

@@ -64,4 +64,23 @@ struct NodesRoute {
   std::uint32_t block;
 };
 
+// The decision a route gives for the request's size and token count: two
+// compares pick one of its three outcomes, with no branch on the size.
+inline Decision decide_from_route(const Route& route, const Request& r) {
+  const unsigned fits = r.message_bytes < route.cap_below;
+  // tokens known (!= 0) and fewer than the ranks: two-shot cannot split them.
+  const unsigned few_tokens = route.twoshot_needs_tokens & (r.tokens - 1u < r.world_size - 1u);
+  const unsigned one = (r.message_bytes < route.oneshot_below) | few_tokens;
+  const Route::Head& h = route.head[fits + (fits & one)];
+  Decision d;
+  d.backend = h.backend;
+  d.algorithm = h.algorithm;
+  d.fused = h.fused;
+  d.reason = h.reason;
+  d.cap = route.cap;
+  d.fusion_origin = route.fusion_origin;
+  d.oneshot_origin = h.oneshot_origin;
+  return d;
+}
+
 }  // namespace arbiter::detail
