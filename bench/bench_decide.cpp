@@ -206,7 +206,7 @@ std::vector<Request> make_requests(std::size_t count, std::uint64_t seed) {
     }
     r.dtype = random.pick(kDtypes);
     r.pattern = random.pick(kPatterns);
-    const std::uint64_t element = Request::element_size_bytes(r.dtype);
+    const std::uint64_t element = static_cast<std::uint64_t>(arbiter::element_size(r.dtype));
     if (random.uniform() < 0.05) {
       const int shift = 10 + static_cast<int>(random.uniform() * 18);  // ..27
       r.message_bytes = (std::uint64_t{1} << shift) + (random.uniform() < 0.5 ? 0 : element);

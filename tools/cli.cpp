@@ -112,7 +112,7 @@ Request read_request(const po::variables_map& vm, bool with_size) {
     r.tokens = vm["tokens"].as<std::uint32_t>();
     r.hidden = vm["hidden"].as<std::uint32_t>();
     if (r.tokens == 0 || r.hidden == 0) throw UsageError{"--tokens and --hidden must be positive"};
-    r.message_bytes = std::uint64_t{r.tokens} * r.hidden * element_size(r.dtype);
+    r.message_bytes = Request::message_bytes_of(r.tokens, r.hidden, r.dtype);
   } else {
     throw UsageError{"give the message size: --bytes SIZE, or --tokens T --hidden H"};
   }

@@ -99,6 +99,4 @@ std::string backend_mask_names(std::uint32_t mask) {
   return s.empty() ? "none" : s;
 }
 
-int element_size(Dtype d) { return d == Dtype::kFp32 ? 4 : 2; }
-
 }  // namespace arbiter

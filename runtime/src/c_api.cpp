@@ -62,9 +62,9 @@ bool to_request(const arbiter_request* in, arbiter::Request& r) {
   r.pattern = static_cast<Pattern>(in->pattern);
   r.tokens = in->tokens;
   r.hidden = in->hidden;
-  r.message_bytes = in->message_bytes != 0 ? in->message_bytes
-                                           : std::uint64_t{in->tokens} * in->hidden *
-                                                 static_cast<std::uint64_t>(element_size(r.dtype));
+  r.message_bytes = in->message_bytes != 0
+                        ? in->message_bytes
+                        : Request::message_bytes_of(in->tokens, in->hidden, r.dtype);
   return true;
 }
 

@@ -125,8 +125,8 @@ void Communicator::Impl::create(const Registry& registry) {
       fused_cap = std::max(fused_cap, *c);
     }
   }
-  const std::uint64_t largest_call = std::uint64_t{options.max_tokens} * options.hidden *
-                                     static_cast<std::uint64_t>(element_size(options.dtype));
+  const std::uint64_t largest_call =
+      Request::message_bytes_of(options.max_tokens, options.hidden, options.dtype);
   std::vector<Backend> candidates;
   if (fused_cap > 0) {
     for (Backend b : t.preference[static_cast<int>(topo)]) candidates.push_back(b);
@@ -159,8 +159,7 @@ void Communicator::Impl::create(const Registry& registry) {
     // would cost (4 ws + 1) times that in /dev/shm for shm.
     spec.max_message_bytes = fused_cap;
     if (b == fallback) {
-      const std::uint64_t token =
-          std::uint64_t{options.hidden} * static_cast<std::uint64_t>(element_size(options.dtype));
+      const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);
       spec.max_message_bytes = std::max(
           {fused_cap,
            std::min(largest_call == 0 ? kFallbackSliceBytes : largest_call, kFallbackSliceBytes),
@@ -220,8 +219,7 @@ Request Communicator::Impl::request_for(const arbiter_allreduce_args& args,
   r.dtype = static_cast<Dtype>(args.dtype);
   r.tokens = args.tokens;
   r.hidden = args.hidden;
-  r.message_bytes =
-      std::uint64_t{args.tokens} * args.hidden * static_cast<std::uint64_t>(element_size(r.dtype));
+  r.message_bytes = Request::message_bytes_of(args.tokens, args.hidden, r.dtype);
   r.excluded_backends = excluded;
   return r;
 }
@@ -257,9 +255,8 @@ Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
 std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
                                                std::string& error) const {
   const Workspace& w = workspaces[static_cast<int>(b)];
-  const std::uint64_t elt =
-      static_cast<std::uint64_t>(element_size(static_cast<Dtype>(call.dtype)));
-  const std::uint64_t token_bytes = std::uint64_t{call.hidden} * elt;
+  const std::uint64_t token_bytes =
+      Request::message_bytes_of(1, call.hidden, static_cast<Dtype>(call.dtype));
   const std::uint64_t cap = capacity(b, static_cast<Algorithm>(call.algorithm));
   const std::uint64_t per_slice = token_bytes == 0 ? call.tokens : cap / token_bytes;
   if (std::uint64_t{call.tokens} * token_bytes <= cap || per_slice >= call.tokens) {

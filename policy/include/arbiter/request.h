@@ -42,11 +42,15 @@ struct Request {
     r.hidden = hidden;
     r.dtype = dtype;
     r.pattern = pattern;
-    r.message_bytes = std::uint64_t{tokens} * hidden * element_size_bytes(dtype);
+    r.message_bytes = message_bytes_of(tokens, hidden, dtype);
     return r;
   }
 
-  static constexpr std::uint64_t element_size_bytes(Dtype d) { return d == Dtype::kFp32 ? 4 : 2; }
+  // Per-rank input bytes of tokens x hidden elements of dtype.
+  static constexpr std::uint64_t message_bytes_of(std::uint64_t tokens, std::uint64_t hidden,
+                                                  Dtype dtype) {
+    return tokens * hidden * static_cast<std::uint64_t>(element_size(dtype));
+  }
 };
 
 }  // namespace arbiter

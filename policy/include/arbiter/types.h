@@ -86,6 +86,6 @@ std::string_view algorithm_name(Algorithm a);
 std::string_view device_kind_name(DeviceKind d);
 // "trtllm, nccl" for bits (1 << Backend) set in `mask`; "none" when empty.
 std::string backend_mask_names(std::uint32_t mask);
-int element_size(Dtype d);
+constexpr int element_size(Dtype d) { return d == Dtype::kFp32 ? 4 : 2; }
 
 }  // namespace arbiter
