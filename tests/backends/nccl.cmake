@@ -5,11 +5,10 @@ if(TARGET arbiter-nccl)
   # exports and how it says it cannot run.
   arbiter_add_test(backends_nccl_module_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/nccl/module_test.cpp
-    LIBS arbiter::backend_abi ${CMAKE_DL_LIBS} Threads::Threads
+    LIBS arbiter::backend_common ${CMAKE_DL_LIBS} Threads::Threads
     LABELS cpu)
   add_dependencies(backends_nccl_module_test arbiter-nccl)
-  target_include_directories(backends_nccl_module_test
-    PRIVATE ${PROJECT_SOURCE_DIR}/backends/nccl/src)  # arch_coverage.h
+  target_include_directories(backends_nccl_module_test PRIVATE ${CMAKE_CURRENT_LIST_DIR}/support)
 
   # Runs the module on a GPU against the common CPU reference; skips, with
   # the reason, where there is no device.
@@ -19,4 +18,5 @@ if(TARGET arbiter-nccl)
     LABELS gpu
     TIMEOUT 600)
   add_dependencies(backends_nccl_gpu_test arbiter-nccl)
+  target_include_directories(backends_nccl_gpu_test PRIVATE ${CMAKE_CURRENT_LIST_DIR}/support)
 endif()

@@ -118,7 +118,7 @@ BOOST_AUTO_TEST_CASE(one_shot_stages_hold_world_size_slots_of_the_message_capaci
           BOOST_TEST(l.stage_bytes == static_cast<std::uint64_t>(ws) * l.slot_bytes);
           BOOST_TEST(l.oneshot_bytes == 3 * l.stage_bytes);
           BOOST_TEST(l.twoshot_bytes == 2 * l.slot_bytes);
-          BOOST_TEST(l.flags_bytes >= std::uint64_t{kMaxGridBlocks} * ws * 4);
+          BOOST_TEST(l.flags_bytes >= std::uint64_t{kMaxGridBlocks} * ws * 8);
           BOOST_TEST(l.control_bytes >= sizeof(ControlBlock));
         }
       }
@@ -152,7 +152,7 @@ BOOST_AUTO_TEST_CASE(workspace_regions_are_aligned_contiguous_and_sum_to_the_tot
         }
         BOOST_TEST(l.twoshot_sum_offset() == l.twoshot_input_offset() + l.slot_bytes);
         BOOST_TEST(l.twoshot_sum_offset() + l.slot_bytes == l.total_bytes);
-        BOOST_TEST(l.flag_offset(kMaxGridBlocks - 1, ws - 1) + 4 <= l.oneshot_offset);
+        BOOST_TEST(l.flag_offset(kMaxGridBlocks - 1, ws - 1) + 8 <= l.oneshot_offset);
       }
     }
   }

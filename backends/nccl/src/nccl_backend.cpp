@@ -38,8 +38,10 @@
 #include <utility>
 #include <vector>
 
+#include "arbiter/common/arch_coverage.h"
+#include "arbiter/common/collective.h"
+#include "arbiter/common/cuda_host.h"
 #include "arbiter_backend.h"
-#include "arch_coverage.h"
 #include "epilogue_launch.h"
 
 // One rank's communicator and scratch. Used by one thread at a time.
@@ -64,6 +66,12 @@ struct arbiter_workspace {
 };
 
 namespace {
+
+using arbiter::common::cuda_message;
+using arbiter::common::device_capability;
+using arbiter::common::DeviceScope;
+using arbiter::common::put_reason;
+using arbiter::common::reason_of;
 
 constexpr uint32_t kSupportedPatterns = (1u << ARBITER_PATTERN_ALLREDUCE) |
                                         (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
@@ -91,13 +99,11 @@ struct Status {
 
 Status error(int32_t code, std::string message) { return Status{code, std::move(message)}; }
 
+Status from_common(const arbiter::common::Status& s) { return Status{s.code(), s.message()}; }
+
 int32_t report(const Status& s) {
   if (!s.ok()) t_last_error = "nccl: " + s.message;
   return s.code;
-}
-
-std::string cuda_message(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorString(e);
 }
 
 std::string nccl_message(const char* what, ncclResult_t r, ncclComm_t comm) {
@@ -106,29 +112,6 @@ std::string nccl_message(const char* what, ncclResult_t r, ncclComm_t comm) {
   if (last != nullptr && *last != '\0') m += std::string(" (") + last + ")";
   return m;
 }
-
-// Makes `device` current for the scope and restores the caller's device.
-class DeviceScope {
- public:
-  DeviceScope() { had_ = cudaGetDevice(&previous_) == cudaSuccess; }
-  ~DeviceScope() {
-    if (had_ && switched_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
-  cudaError_t use(int device) {
-    if (had_ && previous_ == device) return cudaSuccess;
-    const cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess) switched_ = true;
-    return e;
-  }
-
- private:
-  int previous_ = 0;
-  bool had_ = false;
-  bool switched_ = false;
-};
 
 class Deadline {
  public:
@@ -217,19 +200,9 @@ bool overlaps(const void* a, const void* b, uint64_t bytes) {
 #endif
 
 uint32_t patterns_for(uint32_t capability) {
-  return arbiter::nccl::kernel_built_for(capability, ARBITER_NCCL_KERNEL_ARCHS)
+  return arbiter::common::kernel_built_for(capability, ARBITER_NCCL_KERNEL_ARCHS)
              ? kSupportedPatterns
              : (1u << ARBITER_PATTERN_ALLREDUCE);
-}
-
-cudaError_t device_capability(int device, uint32_t* capability) {
-  int major = 0;
-  int minor = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (e == cudaSuccess) *capability = static_cast<uint32_t>(major * 10 + minor);
-  return e;
 }
 
 // ---------------------------------------------------------------- probe
@@ -309,37 +282,10 @@ struct Outcome {
   char reason[kReasonBytes];
 };
 
-template <typename Record>
-void put_reason(Record& r, const std::string& s) {
-  std::snprintf(r.reason, sizeof r.reason, "%s", s.c_str());
-}
-
-template <typename Record>
-std::string reason_of(const Record& r) {
-  return std::string(r.reason, strnlen(r.reason, sizeof r.reason));
-}
-
-// The verdict every rank reaches alike from the same records: fails when
-// any rank failed, with its reason.
+// The verdict every rank reaches alike from the same records.
 template <typename Record>
 Status verdict(const std::vector<Record>& all, int32_t self) {
-  int failed = 0;
-  int first = -1;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].status != ARBITER_OK) {
-      ++failed;
-      if (first < 0) first = static_cast<int>(r);
-    }
-  }
-  if (failed == 0) return {};
-  if (all[self].status != ARBITER_OK) {
-    std::string m = reason_of(all[self]);
-    if (failed > 1) m += " (" + std::to_string(failed - 1) + " other rank(s) failed too)";
-    return error(all[self].status, m);
-  }
-  std::string m = "rank " + std::to_string(first) + " failed: " + reason_of(all[first]);
-  if (failed > 1) m += " (and " + std::to_string(failed - 1) + " more rank(s))";
-  return error(ARBITER_PEER_FAILED, m);
+  return from_common(arbiter::common::verdict(all, self));
 }
 
 std::string describe(const Hello& h) {
@@ -395,9 +341,7 @@ Status local_checks(const arbiter_oob& oob, const arbiter_workspace_spec& spec) 
 }
 
 Status exchange_failed(const arbiter_oob& oob, const char* what, int32_t rc) {
-  const char* m = oob.last_error != nullptr ? oob.last_error(oob.ctx) : nullptr;
-  return error(rc == ARBITER_OK ? ARBITER_INTERNAL : rc,
-               std::string("oob ") + what + " failed: " + (m != nullptr ? m : "(no message)"));
+  return from_common(arbiter::common::exchange_failed(oob, what, rc));
 }
 
 // Tears a workspace down locally: abort when `abort` or the communicator is

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "arbiter_backend.h"
-#include "arch_coverage.h"
+#include "arbiter/common/arch_coverage.h"
 #include "module.h"
 #include "run_command.h"
 #include "thread_oob.h"
@@ -216,7 +216,7 @@ BOOST_AUTO_TEST_CASE(creation_times_out_when_a_rank_never_arrives) {
 // The norm patterns are offered only on devices the kernel runs on: an
 // arch-specific build for Hopper and Blackwell runs on none of the others.
 BOOST_AUTO_TEST_CASE(kernels_are_claimed_only_for_the_devices_they_were_built_for) {
-  using arbiter::nccl::kernel_built_for;
+  using arbiter::common::kernel_built_for;
   const char* shipped = "90a,100a,103a";
   BOOST_TEST(kernel_built_for(90, shipped));
   BOOST_TEST(kernel_built_for(100, shipped));

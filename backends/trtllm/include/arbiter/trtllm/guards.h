@@ -17,8 +17,8 @@
 #include <string>
 
 #include "arbiter/common/numeric.h"
-#include "arbiter/trtllm/launch_config.h"
 #include "arbiter/common/status.h"
+#include "arbiter/trtllm/launch_config.h"
 #include "arbiter/trtllm/workspace_layout.h"
 #include "arbiter_backend.h"
 

@@ -80,6 +80,10 @@ struct DeviceLimits {
   // resident_blocks_per_sm bounds. Taken as the bound for every cluster size
   // considered, which is conservative for the smaller ones.
   std::uint32_t max_active_clusters = 0;
+  // Clusters of 1, 2, 4 and 8 CTAs (index log2 of the size) resident at
+  // once, where known (0: not known). Tighter than max_active_clusters for
+  // the smaller sizes; the module fills it from per-size occupancy queries.
+  std::uint32_t active_clusters[4] = {0, 0, 0, 0};
 };
 
 struct LaunchRequest {
@@ -202,6 +206,11 @@ inline Result<LaunchConfig> choose_launch_config(const LaunchRequest& request,
     if (c > 1 && device.max_active_clusters != 0) {
       const std::uint64_t by_clusters = std::uint64_t{device.max_active_clusters} * c;
       if (by_clusters < wave) wave = by_clusters;
+    }
+    const std::uint32_t log2 = c >= 8 ? 3 : c >= 4 ? 2 : c >= 2 ? 1 : 0;
+    if (device.active_clusters[log2] != 0) {
+      const std::uint64_t by_size = std::uint64_t{device.active_clusters[log2]} * c;
+      if (by_size < wave) wave = by_size;
     }
     if (wave > kMaxGridBlocks) wave = kMaxGridBlocks;
     return static_cast<std::uint32_t>(wave / c * c);

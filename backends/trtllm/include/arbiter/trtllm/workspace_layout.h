@@ -1,7 +1,7 @@
 // Byte layout of one rank's trtllm workspace (one allocation, peer-mapped).
 //
 //   [control block: 128 B, local only]
-//   [barrier flags: kMaxGridBlocks x world_size uint32, padded to 128 B]
+//   [barrier flags: kMaxGridBlocks x world_size uint64 epochs, padded to 128 B]
 //   [one-shot: 3 Lamport stages x world_size slots of slot_bytes]
 //   [two-shot scratch: input area (slot_bytes), then sum area (slot_bytes)]
 //
@@ -25,10 +25,12 @@
 // area at the same offset; after a second barrier each rank reads its sum area.
 //
 // Barrier flags: word [block * world_size + peer] of rank r is written by
-// `peer` (release, system scope) and read by rank r's CTA `block` (acquire).
-// Values cycle through common/stages.h next_flag(). A CTA b writes the slots
-// b, b + grid, b + 2 grid, ... < kMaxGridBlocks, so ranks whose grids differ
-// never wait on a slot nobody writes.
+// `peer`'s CTA `block` (release, system scope) and read by rank r's CTA
+// `block` (acquire). Values are 64-bit epochs that only grow (two per
+// two-shot call, recorded in the control block), and a CTA waits until the
+// word reaches its epoch: a peer ahead passes, a word left over from an
+// earlier call with a larger grid is below the epoch and never looks like an
+// arrival, and 64 bits never wrap. So grids may differ between calls.
 //
 // All offsets are 64-bit: a stage can exceed 4 GiB at world size 16.
 #pragma once
@@ -62,11 +64,10 @@ ARBITER_HD constexpr bool is_supported_world_size(std::int64_t world_size) {
 // kernel's last arriving CTA (arrivals == grid blocks) advances it and resets
 // `arrivals`, which is why the grid never exceeds one wave.
 struct ControlBlock {
-  std::uint32_t stage;         // Lamport stage the next one-shot call uses (0..2)
-  std::uint32_t barrier_flag;  // value of the last two-shot barrier (0..2)
-  std::uint32_t arrivals;      // CTAs of the current call that are done
-  std::uint32_t reserved;
-  std::uint64_t clear_bytes;  // per slot: message bytes of the last one-shot call
+  std::uint32_t stage;          // Lamport stage the next one-shot call uses (0..2)
+  std::uint32_t arrivals;       // CTAs of the current call that are done
+  std::uint64_t clear_bytes;    // per slot: message bytes of the last one-shot call
+  std::uint64_t barrier_epoch;  // epoch of the last two-shot barrier
 };
 static_assert(sizeof(ControlBlock) <= kSlotAlignment);
 
@@ -94,7 +95,7 @@ struct WorkspaceLayout {
     return stage_offset(stage) + rank * slot_bytes;
   }
   ARBITER_HD constexpr std::uint64_t flag_offset(std::uint32_t block, std::uint32_t peer) const {
-    return flags_offset + (std::uint64_t{block} * world_size + peer) * sizeof(std::uint32_t);
+    return flags_offset + (std::uint64_t{block} * world_size + peer) * sizeof(std::uint64_t);
   }
   ARBITER_HD constexpr std::uint64_t twoshot_input_offset() const { return twoshot_offset; }
   ARBITER_HD constexpr std::uint64_t twoshot_sum_offset() const {
@@ -161,7 +162,7 @@ ARBITER_HD constexpr LayoutError compute_workspace_layout(
   layout.control_bytes = kSlotAlignment;
   layout.flags_offset = layout.control_offset + layout.control_bytes;
   layout.flags_bytes =
-      detail::round_up(kMaxGridBlocks * ranks * sizeof(std::uint32_t), kSlotAlignment);
+      detail::round_up(kMaxGridBlocks * ranks * sizeof(std::uint64_t), kSlotAlignment);
   layout.oneshot_offset = layout.flags_offset + layout.flags_bytes;
   if (!checked_mul(ranks, layout.slot_bytes, &layout.stage_bytes) ||
       !checked_mul(common::kLamportStages, layout.stage_bytes, &layout.oneshot_bytes) ||

@@ -1,5 +1,5 @@
-// The nccl module as the host loads it: dlopen()ed from the plugin folder of
-// the build, its v1 entry looked up by name.
+// A backend module as the host loads it: dlopen()ed from the plugin folder of
+// the build (ARBITER_PLUGIN_DIR), its v1 entry looked up by name.
 #pragma once
 
 #include <dlfcn.h>
@@ -10,14 +10,14 @@
 
 namespace arbiter::test {
 
-inline std::string nccl_module_path() {
-  return std::string(ARBITER_PLUGIN_DIR) + "/libarbiter-nccl.so";
+inline std::string module_path(const std::string& name) {
+  return std::string(ARBITER_PLUGIN_DIR) + "/libarbiter-" + name + ".so";
 }
 
-class NcclModule {
+class BackendModule {
  public:
-  NcclModule() {
-    handle_ = dlopen(nccl_module_path().c_str(), RTLD_NOW | RTLD_LOCAL);
+  explicit BackendModule(const std::string& name) : path_(module_path(name)) {
+    handle_ = dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle_ == nullptr) {
       const char* e = dlerror();
       error_ = e != nullptr ? e : "dlopen failed";
@@ -26,21 +26,30 @@ class NcclModule {
     api_ = static_cast<const arbiter_backend_v1_t*>(dlsym(handle_, ARBITER_BACKEND_SYMBOL_V1));
     if (api_ == nullptr) error_ = "no symbol " ARBITER_BACKEND_SYMBOL_V1;
   }
-  ~NcclModule() {
+  ~BackendModule() {
     if (handle_ != nullptr) dlclose(handle_);
   }
-  NcclModule(const NcclModule&) = delete;
-  NcclModule& operator=(const NcclModule&) = delete;
+  BackendModule(const BackendModule&) = delete;
+  BackendModule& operator=(const BackendModule&) = delete;
 
   bool loaded() const { return handle_ != nullptr; }
   // NULL when the module or its symbol is missing; error() says why.
   const arbiter_backend_v1_t* api() const { return api_; }
   const std::string& error() const { return error_; }
+  const std::string& path() const { return path_; }
 
  private:
+  std::string path_;
   void* handle_ = nullptr;
   const arbiter_backend_v1_t* api_ = nullptr;
   std::string error_;
+};
+
+inline std::string nccl_module_path() { return module_path("nccl"); }
+
+class NcclModule : public BackendModule {
+ public:
+  NcclModule() : BackendModule("nccl") {}
 };
 
 }  // namespace arbiter::test

@@ -1,11 +1,12 @@
-// Which devices a build's kernels run on, from its CUDA architectures.
+// Which devices a build's kernels run on, from its CUDA architectures
+// (shared by every CUDA backend: probe() offers only what was compiled).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-namespace arbiter::nccl {
+namespace arbiter::common {
 
 // Whether code built for `archs` (CMake's CUDA_ARCHITECTURES entries joined
 // by ',', e.g. "90a,100a,103a") runs on a device of `capability`
@@ -51,4 +52,4 @@ inline bool kernel_built_for(std::uint32_t capability, const char* archs) {
   return false;
 }
 
-}  // namespace arbiter::nccl
+}  // namespace arbiter::common

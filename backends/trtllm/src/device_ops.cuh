@@ -1,0 +1,436 @@
+// Device building blocks of the trtllm kernels: 16-byte vectors of a dtype,
+// the sentinel on raw bits, memory operations with the scope each protocol
+// step needs, bounded spins, block and cluster reductions, and the fused
+// epilogue of one vector of one token.
+//
+// Thread layout (launch_config.h): a token is spread over the CTAs of one
+// cluster; thread t of cluster CTA c owns vector c * blockDim.x + t of it.
+// Trailing threads own nothing ("idle") but take part in every barrier and
+// reduction, so blockDim.x need not divide anything.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "arbiter/common/fp8.h"
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/nvfp4.h"
+#include "arbiter/common/rmsnorm.h"
+#include "arbiter/common/sentinel.h"
+#include "kernel_params.h"
+
+namespace arbiter::trtllm::device {
+
+namespace cg = cooperative_groups;
+
+inline constexpr unsigned kMaxThreads = 1024;
+
+// What is fused after the sum; the optional outputs are runtime NULL checks.
+enum class Epilogue { kAllreduce, kNorm, kNormFp8, kNormFp4 };
+
+template <arbiter_dtype kDtype>
+struct Vector {
+  using Bits = std::conditional_t<kDtype == ARBITER_DTYPE_FP32, std::uint32_t, std::uint16_t>;
+  static constexpr unsigned kElements = 16 / sizeof(Bits);
+};
+
+// ------------------------------------------------------------ conversions
+
+// Round-to-nearest-even conversions in hardware; they give the same values as
+// the software ones in arbiter/common/numeric.h (NaN payloads aside).
+template <arbiter_dtype kDtype>
+__device__ inline float to_float(std::uint32_t bits) {
+  if constexpr (kDtype == ARBITER_DTYPE_FP16) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(bits)));
+    return f;
+  } else if constexpr (kDtype == ARBITER_DTYPE_BF16) {
+    return __uint_as_float(bits << 16);
+  } else {
+    return __uint_as_float(bits);
+  }
+}
+
+template <arbiter_dtype kDtype>
+__device__ inline std::uint32_t to_bits(float f) {
+  if constexpr (kDtype == ARBITER_DTYPE_FP16) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+  } else if constexpr (kDtype == ARBITER_DTYPE_BF16) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+  } else {
+    return __float_as_uint(f);
+  }
+}
+
+template <arbiter_dtype kDtype>
+__device__ inline float round_to(float f) {
+  if constexpr (kDtype == ARBITER_DTYPE_FP32) {
+    return f;
+  } else {
+    return to_float<kDtype>(to_bits<kDtype>(f));
+  }
+}
+
+// Element k of a 16-byte vector (16-bit types: two per 32-bit word, low first).
+template <arbiter_dtype kDtype>
+__device__ inline std::uint32_t element_bits(const uint4& v, unsigned k) {
+  const unsigned words[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (kDtype == ARBITER_DTYPE_FP32) {
+    return words[k];
+  } else {
+    return (words[k / 2] >> (16 * (k % 2))) & 0xFFFFu;
+  }
+}
+
+template <arbiter_dtype kDtype>
+__device__ inline void unpack(const uint4& v, float (&out)[Vector<kDtype>::kElements]) {
+#pragma unroll
+  for (unsigned k = 0; k < Vector<kDtype>::kElements; ++k) {
+    out[k] = to_float<kDtype>(element_bits<kDtype>(v, k));
+  }
+}
+
+// The dtype bits of `values`, rounded to nearest even.
+template <arbiter_dtype kDtype>
+__device__ inline uint4 pack(const float (&values)[Vector<kDtype>::kElements]) {
+  unsigned words[4];
+  if constexpr (kDtype == ARBITER_DTYPE_FP32) {
+#pragma unroll
+    for (unsigned k = 0; k < 4; ++k) words[k] = to_bits<kDtype>(values[k]);
+  } else {
+#pragma unroll
+    for (unsigned k = 0; k < 4; ++k) {
+      words[k] = to_bits<kDtype>(values[2 * k]) | (to_bits<kDtype>(values[2 * k + 1]) << 16);
+    }
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// ------------------------------------------------------------ sentinel
+
+// Every -0.0 element replaced by +0.0, so no payload equals the sentinel.
+template <arbiter_dtype kDtype>
+__device__ inline uint4 sanitize(uint4 v) {
+  auto word = [](unsigned w) -> unsigned {
+    if constexpr (kDtype == ARBITER_DTYPE_FP32) {
+      return w == common::kNegativeZeroBits32 ? 0u : w;
+    } else {
+      const unsigned lo = (w & 0xFFFFu) == common::kNegativeZeroBits16 ? 0u : (w & 0xFFFFu);
+      const unsigned hi = (w >> 16) == common::kNegativeZeroBits16 ? 0u : (w & 0xFFFF0000u);
+      return lo | hi;
+    }
+  };
+  return make_uint4(word(v.x), word(v.y), word(v.z), word(v.w));
+}
+
+// True when any element of `v` is still the sentinel (compared on raw bits:
+// a float compare under flush-to-zero mistakes negative subnormals for -0.0).
+template <arbiter_dtype kDtype>
+__device__ inline bool has_sentinel(const uint4& v) {
+  auto word = [](unsigned w) {
+    if constexpr (kDtype == ARBITER_DTYPE_FP32) {
+      return w == common::kNegativeZeroBits32;
+    } else {
+      return (w & 0xFFFFu) == common::kNegativeZeroBits16 ||
+             (w >> 16) == common::kNegativeZeroBits16;
+    }
+  };
+  return word(v.x) || word(v.y) || word(v.z) || word(v.w);
+}
+
+// The sentinel in every element, for clearing.
+template <arbiter_dtype kDtype>
+__device__ inline uint4 sentinel_vector() {
+  constexpr unsigned w = kDtype == ARBITER_DTYPE_FP32 ? common::kNegativeZeroBits32 : 0x80008000u;
+  return make_uint4(w, w, w, w);
+}
+
+// ------------------------------------------------------------ memory
+
+__device__ inline uint4 load_vector(const void* p) { return *static_cast<const uint4*>(p); }
+
+__device__ inline void store_vector(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
+
+// Not cached in L1: sees stores of peers (and of this GPU's other CTAs) that
+// arrived after an earlier load of the same address.
+__device__ inline uint4 load_volatile(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ inline void store_release_system(std::uint64_t* p, std::uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(value) : "memory");
+}
+
+__device__ inline std::uint64_t load_acquire_system(const std::uint64_t* p) {
+  std::uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(p) : "memory");
+  return value;
+}
+
+__device__ inline std::uint64_t global_timer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A spin that gives up: after `timeout_ns` (0: never) it reports what it was
+// waiting for and traps, which fails the stream with a CUDA error the host
+// sees, instead of hanging the job forever.
+class Spin {
+ public:
+  __device__ explicit Spin(std::uint64_t timeout_ns) : timeout_ns_(timeout_ns) {}
+
+  // Call once per failed poll.
+  __device__ void again(const char* what, std::uint32_t rank, std::uint32_t peer,
+                        std::uint32_t token) {
+    if (timeout_ns_ == 0 || (++polls_ & 1023u) != 0) return;
+    const std::uint64_t now = global_timer_ns();
+    if (start_ == 0) {
+      start_ = now;
+    } else if (now - start_ > timeout_ns_) {
+      printf(
+          "arbiter trtllm: rank %u waited over %llu ms for rank %u (%s, token %u); "
+          "a peer is gone or diverged. Aborting the kernel.\n",
+          rank, static_cast<unsigned long long>(timeout_ns_ / 1000000), peer, what, token);
+      __trap();
+    }
+  }
+
+ private:
+  std::uint64_t timeout_ns_;
+  std::uint64_t start_ = 0;
+  std::uint32_t polls_ = 0;
+};
+
+// ------------------------------------------------------------ PDL
+
+// Programmatic dependent launch: nothing before wait() reads memory the
+// previous kernel writes; launch_dependents() is called after this CTA's last
+// store, so a dependent that waits sees every output.
+__device__ inline void wait_for_previous_grid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+__device__ inline void allow_dependent_grid() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// ------------------------------------------------------------ reductions
+
+// Lanes of the calling warp that exist (a partial last warp has fewer).
+__device__ inline unsigned warp_lanes() {
+  const unsigned warp_first = threadIdx.x & ~31u;
+  const unsigned left = blockDim.x - warp_first;
+  return left < 32u ? left : 32u;
+}
+
+__device__ inline unsigned lane_mask(unsigned lanes) {
+  return lanes >= 32u ? 0xFFFFFFFFu : (1u << lanes) - 1u;
+}
+
+// Sum over the first `lanes` lanes of the warp, valid in lane 0.
+__device__ inline float warp_sum(float v, unsigned lanes) {
+  const unsigned mask = lane_mask(lanes);
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (unsigned offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_down_sync(mask, v, offset);
+    if (lane + offset < lanes) v += other;
+  }
+  return v;
+}
+
+struct ReductionSmem {
+  float partial[32];
+  float block_total;
+  float cta_total;  // read by the other CTAs of the cluster
+};
+
+// Sum of `v` over the CTA, returned to every thread, in a fixed order (so the
+// same inputs give the same bits on every rank). Correct for any blockDim.x.
+__device__ inline float block_sum(float v, ReductionSmem& s) {
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
+  const unsigned warps = (blockDim.x + 31u) >> 5;
+  v = warp_sum(v, warp_lanes());
+  if (lane == 0) s.partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < warps ? s.partial[lane] : 0.0f;
+    w = warp_sum(w, warp_lanes());
+    if (lane == 0) s.block_total = w;
+  }
+  __syncthreads();
+  return s.block_total;
+}
+
+// Sum over the cluster's CTAs (distributed shared memory), in CTA order.
+__device__ inline float cluster_sum(float v, ReductionSmem& s, unsigned cluster_size) {
+  const float mine = block_sum(v, s);
+  if (cluster_size == 1) return mine;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) s.cta_total = mine;
+  cluster.sync();
+  float total = 0.0f;
+  for (unsigned r = 0; r < cluster_size; ++r) total += *cluster.map_shared_rank(&s.cta_total, r);
+  // Nobody rewrites cta_total (next token) before every CTA has read it.
+  cluster.sync();
+  return total;
+}
+
+// ------------------------------------------------------------ epilogue
+
+// Where this thread sits: which vector of the token it owns, if any.
+struct Lane {
+  unsigned vector;  // index of the owned 16-byte vector within the token
+  bool active;      // vector < threads_per_token
+};
+
+__device__ inline Lane lane_of(const KernelParams& p) {
+  const unsigned cta_in_cluster = p.cluster_size == 1 ? 0u : cg::this_cluster().block_rank();
+  const unsigned vector = cta_in_cluster * blockDim.x + threadIdx.x;
+  return Lane{vector, vector < p.threads_per_token};
+}
+
+// The fused epilogue for one vector of token `token`, given the fp32 sums
+// over ranks. Every thread of the CTA calls it (idle ones with anything in
+// `sum`): it contains block and cluster reductions. Semantics: rmsnorm.h.
+template <arbiter_dtype kDtype, Epilogue kEpilogue>
+__device__ inline void apply_epilogue(const KernelParams& p, std::uint32_t token, Lane lane,
+                                      const float (&sum)[Vector<kDtype>::kElements],
+                                      ReductionSmem& smem) {
+  using V = Vector<kDtype>;
+  constexpr unsigned kN = V::kElements;
+  constexpr unsigned kElementBytes = sizeof(typename V::Bits);
+  const std::uint64_t first = std::uint64_t{token} * p.hidden + std::uint64_t{lane.vector} * kN;
+  const std::uint64_t offset = first * kElementBytes;
+
+  const uint4 s_bits = pack<kDtype>(sum);
+  if (lane.active && p.allreduce_out != nullptr) {
+    store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
+  }
+  if constexpr (kEpilogue == Epilogue::kAllreduce) {
+    return;
+  } else {
+    float x[kN];
+    float squares = 0.0f;
+    if (lane.active) {
+      float s[kN];
+      float r[kN];
+      unpack<kDtype>(s_bits, s);
+      unpack<kDtype>(load_vector(static_cast<const char*>(p.residual_in) + offset), r);
+#pragma unroll
+      for (unsigned k = 0; k < kN; ++k) {
+        x[k] = round_to<kDtype>(s[k] + r[k]);
+        squares += x[k] * x[k];
+      }
+      if (p.residual_out != nullptr) {
+        store_vector(static_cast<char*>(p.residual_out) + offset, pack<kDtype>(x));
+      }
+    } else {
+#pragma unroll
+      for (unsigned k = 0; k < kN; ++k) x[k] = 0.0f;
+    }
+    const float inv_rms =
+        common::inverse_rms(cluster_sum(squares, smem, p.cluster_size), p.hidden, p.eps);
+
+    float y[kN];
+    if (lane.active) {
+      float g[kN];
+      unpack<kDtype>(load_vector(static_cast<const char*>(p.gamma) +
+                                 std::uint64_t{lane.vector} * kN * kElementBytes),
+                     g);
+#pragma unroll
+      for (unsigned k = 0; k < kN; ++k) {
+        y[k] = round_to<kDtype>(x[k] * inv_rms * (g[k] + p.weight_bias));
+      }
+      if (p.norm_out != nullptr) {
+        store_vector(static_cast<char*>(p.norm_out) + offset, pack<kDtype>(y));
+      }
+    } else {
+#pragma unroll
+      for (unsigned k = 0; k < kN; ++k) y[k] = 0.0f;
+    }
+
+    if constexpr (kEpilogue == Epilogue::kNormFp8) {
+      if (lane.active) {
+        const float scale = *p.scale;
+        std::uint8_t* out = static_cast<std::uint8_t*>(p.quant_out) + first;
+        unsigned words[kN / 4];
+#pragma unroll
+        for (unsigned w = 0; w < kN / 4; ++w) {
+          words[w] = 0;
+#pragma unroll
+          for (unsigned b = 0; b < 4; ++b) {
+            words[w] |= unsigned{common::fp8_quantize(y[4 * w + b], scale)} << (8 * b);
+          }
+        }
+        if constexpr (kN == 8) {
+          *reinterpret_cast<uint2*>(out) = make_uint2(words[0], words[1]);
+        } else {
+          *reinterpret_cast<unsigned*>(out) = words[0];
+        }
+      }
+    } else if constexpr (kEpilogue == Epilogue::kNormFp4) {
+      // A 16-element block is two adjacent threads' vectors (8 elements
+      // each; the launcher keeps CTAs at an even thread count, so partners
+      // share a warp). Every existing lane joins the shuffle.
+      static_assert(kN == 8, "NVFP4 takes fp16 or bf16");
+      float amax = 0.0f;
+#pragma unroll
+      for (unsigned k = 0; k < kN; ++k) amax = fmaxf(amax, fabsf(y[k]));
+      amax = fmaxf(amax, __shfl_xor_sync(lane_mask(warp_lanes()), amax, 1));
+      if (lane.active) {
+        const float global_scale = *p.scale;
+        const std::uint8_t sf = common::nvfp4_block_scale(amax, global_scale);
+        const float value_scale = common::nvfp4_value_scale(sf, global_scale);
+        unsigned packed = 0;
+#pragma unroll
+        for (unsigned k = 0; k < kN; k += 2) {
+          const std::uint8_t even = common::float_to_e2m1(y[k] * value_scale);
+          const std::uint8_t odd = common::float_to_e2m1(y[k + 1] * value_scale);
+          packed |= unsigned{common::pack_e2m1(even, odd)} << (4 * k);
+        }
+        *reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(p.quant_out) + first / 2) = packed;
+        if ((lane.vector & 1u) == 0) {
+          const std::uint32_t blocks = common::nvfp4_blocks_per_row(p.hidden);
+          const std::uint32_t block = lane.vector / 2;
+          static_cast<std::uint8_t*>(
+              p.scale_out)[common::scale_offset(p.linear_scales, token, block, blocks)] = sf;
+        }
+      }
+    }
+  }
+}
+
+// Counts this CTA as done; the last CTA of the grid runs `publish` (the
+// control block's update for the next call) and resets the count. The grid
+// is one wave, so every CTA gets here; the next kernel on the stream reads
+// the control block only after this one completes.
+template <typename Publish>
+__device__ inline void arrive(const KernelParams& p, Publish publish) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned before = atomicAdd(&p.control->arrivals, 1u);
+    if (before == gridDim.x - 1) {
+      publish(*p.control);
+      p.control->arrivals = 0;
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace arbiter::trtllm::device

@@ -1,0 +1,53 @@
+// What one launch of a trtllm kernel receives, by value (a few hundred bytes
+// of kernel parameters; nothing is read from host memory).
+//
+// Every rank's workspace base is in peers[], as mapped in this process (an
+// IPC mapping, or the plain pointer of a virtual rank in loopback mode); the
+// offsets come from WorkspaceLayout. Buffers of the call are device pointers
+// of the caller; the ones the pattern does not use are NULL.
+#pragma once
+
+#include <cstdint>
+
+#include "arbiter/trtllm/workspace_layout.h"
+#include "arbiter_backend.h"
+
+namespace arbiter::trtllm {
+
+inline constexpr std::uint32_t kMaxRanks = 16;
+
+struct KernelParams {
+  char* peers[kMaxRanks] = {};
+  ControlBlock* control = nullptr;  // this rank's, inside peers[rank]
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+  std::uint32_t tokens = 0;
+  std::uint32_t hidden = 0;
+  std::uint32_t threads_per_token = 0;  // hidden / elements per vector
+  std::uint32_t cluster_size = 1;       // CTAs per token
+  // Workspace layout (bytes from a workspace base).
+  std::uint64_t flags_offset = 0;
+  std::uint64_t oneshot_offset = 0;
+  std::uint64_t stage_bytes = 0;
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t twoshot_input_offset = 0;
+  std::uint64_t twoshot_sum_offset = 0;
+  // A wait on a peer that takes longer than this traps (0: waits forever):
+  // a lost peer then ends in a CUDA error instead of a silent hang.
+  std::uint64_t spin_timeout_ns = 0;
+  // The call.
+  const void* input = nullptr;
+  void* allreduce_out = nullptr;
+  const void* residual_in = nullptr;
+  void* residual_out = nullptr;
+  const void* gamma = nullptr;
+  void* norm_out = nullptr;
+  void* quant_out = nullptr;
+  void* scale_out = nullptr;
+  const float* scale = nullptr;
+  float eps = 0.0f;
+  float weight_bias = 0.0f;
+  bool linear_scales = false;
+};
+
+}  // namespace arbiter::trtllm

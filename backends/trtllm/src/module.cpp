@@ -1,0 +1,273 @@
+// C entry points of the trtllm backend (libarbiter-trtllm.so): single-node
+// fused all-reduce + residual + RMSNorm (+ FP8 / NVFP4) over peer-mapped
+// memory, one-shot (Lamport) or two-shot.
+//
+// run() checks the call on the host (guards.h), picks the launch shape
+// (launch_config.h) and enqueues one kernel. It allocates nothing and never
+// synchronises, so calls are capturable in CUDA graphs and replayable. Every
+// rank must make the same calls in the same order with the same shapes, as
+// for any collective. Every entry point catches everything and maps it to an
+// ABI status code.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "arbiter/common/arch_coverage.h"
+#include "arbiter/common/cuda_host.h"
+#include "arbiter/common/status.h"
+#include "arbiter/trtllm/guards.h"
+#include "arbiter/trtllm/launch_config.h"
+#include "arbiter_backend.h"
+#include "launch.h"
+#include "workspace.h"
+
+#ifndef ARBITER_TRTLLM_KERNEL_ARCHS
+#define ARBITER_TRTLLM_KERNEL_ARCHS ""
+#endif
+
+namespace arbiter::trtllm {
+namespace {
+
+using common::cuda_message;
+using common::Status;
+
+// Clusters, distributed shared memory and griddepcontrol need SM90.
+constexpr std::uint32_t kMinCapability = 90;
+constexpr std::uint64_t kWorldSizeMask = (1ull << 2) | (1ull << 4) | (1ull << 8) | (1ull << 16);
+constexpr std::uint32_t kDtypeMask =
+    (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
+
+thread_local std::string t_last_error;
+
+std::int32_t report(const Status& s) {
+  if (!s.ok()) {
+    t_last_error = s.message().rfind("trtllm", 0) == 0 ? s.message() : "trtllm: " + s.message();
+  }
+  return s.code();
+}
+
+std::uint32_t patterns_for(std::uint32_t capability) {
+  std::uint32_t mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
+                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
+                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
+  if (capability >= kMinNvfp4Capability) mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+  return mask;
+}
+
+Status probe_device(const arbiter_probe_args& args, std::uint32_t* capability) {
+  if (args.device_kind != ARBITER_DEVICE_GPU) {
+    return Status(ARBITER_UNAVAILABLE, "serves GPU ranks only");
+  }
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    return Status(ARBITER_UNAVAILABLE, "no CUDA driver (cudaDriverGetVersion reports none)");
+  }
+  int count = 0;  // left unchanged by a failing cudaGetDeviceCount
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_UNAVAILABLE, cuda_message("no CUDA device", e));
+  }
+  if (args.device < 0 || args.device >= count) {
+    return Status(ARBITER_UNAVAILABLE, "no CUDA device " + std::to_string(args.device) + ": " +
+                                           std::to_string(count) + " visible");
+  }
+  unsigned cap = 0;
+  if (const cudaError_t e = common::device_capability(args.device, &cap); e != cudaSuccess) {
+    return Status(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceGetAttribute", e));
+  }
+  if (cap < kMinCapability) {
+    return Status(ARBITER_UNAVAILABLE, "needs capability >= 90 (thread block clusters); device " +
+                                           std::to_string(args.device) + " has " +
+                                           std::to_string(cap));
+  }
+  if (!common::kernel_built_for(cap, ARBITER_TRTLLM_KERNEL_ARCHS)) {
+    return Status(ARBITER_UNAVAILABLE,
+                  "this build's kernels are for " + std::string(ARBITER_TRTLLM_KERNEL_ARCHS) +
+                      "; device " + std::to_string(args.device) + " has capability " +
+                      std::to_string(cap) +
+                      " (rebuild with -DARBITER_CUDA_ARCHITECTURES including it)");
+  }
+  *capability = cap;
+  return Status();
+}
+
+std::int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  if (args == nullptr || caps == nullptr) {
+    return report(Status(ARBITER_INVALID_ARGUMENT, "probe: args and caps must not be NULL"));
+  }
+  std::uint32_t capability = 0;
+  if (Status s = probe_device(*args, &capability); !s.ok()) return report(s);
+  *caps = arbiter_backend_caps{};
+  caps->device_kind = ARBITER_DEVICE_GPU;
+  caps->capability = capability;
+  caps->world_size_mask = kWorldSizeMask;
+  caps->dtype_mask = kDtypeMask;
+  caps->pattern_mask = patterns_for(capability);
+  caps->algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
+  caps->flags = ARBITER_CAPS_SINGLE_NODE_ONLY;
+  return ARBITER_OK;
+}
+
+std::int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                         arbiter_workspace** out) {
+  if (out == nullptr) return report(Status(ARBITER_INVALID_ARGUMENT, "out is NULL"));
+  *out = nullptr;
+  if (oob == nullptr || spec == nullptr || oob->allgather == nullptr || oob->barrier == nullptr) {
+    return report(Status(ARBITER_INVALID_ARGUMENT, "oob, its functions and spec must not be NULL"));
+  }
+  auto* ws = new arbiter_workspace();
+  if (Status s = create_workspace(*oob, *spec, *ws); !s.ok()) {
+    delete ws;
+    return report(s);
+  }
+  *out = ws;
+  return ARBITER_OK;
+}
+
+// Where the kernel needs more than the ABI's 16-byte vectors: FP8 stores a
+// vector's worth of bytes at once, NVFP4 four bytes per thread.
+Status check_quant_alignment(const arbiter_allreduce_args& a) {
+  std::uintptr_t need = 0;
+  if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) need = vector_elements(a.dtype);
+  if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) need = 4;
+  if (need != 0 && reinterpret_cast<std::uintptr_t>(a.quant_out) % need != 0) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "trtllm: quant_out is not " + std::to_string(need) + "-byte aligned");
+  }
+  return Status();
+}
+
+std::int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+  if (ws == nullptr) return report(Status(ARBITER_INVALID_ARGUMENT, "workspace is NULL"));
+  if (Status s = check_call(ws->layout, args, ws->capability); !s.ok()) return report(s);
+  const arbiter_allreduce_args& a = *args;
+  if (Status s = check_quant_alignment(a); !s.ok()) return report(s);
+
+  LaunchRequest request;
+  request.tokens = a.tokens;
+  request.hidden = a.hidden;
+  request.dtype = a.dtype;
+  request.world_size = ws->world_size;
+  request.algorithm = a.algorithm;
+  request.pattern = a.pattern;
+  const Result<LaunchConfig> chosen = choose_launch_config(request, ws->limits);
+  if (!chosen.ok()) return report(chosen.status());
+  const LaunchConfig& config = chosen.value();
+
+  KernelParams p;
+  for (std::uint32_t q = 0; q < ws->world_size; ++q) p.peers[q] = ws->peers[q];
+  p.control = reinterpret_cast<ControlBlock*>(ws->base + ws->layout.control_offset);
+  p.rank = ws->rank;
+  p.world_size = ws->world_size;
+  p.tokens = a.tokens;
+  p.hidden = a.hidden;
+  p.threads_per_token = config.threads_per_token;
+  p.cluster_size = config.cluster_size;
+  p.flags_offset = ws->layout.flags_offset;
+  p.oneshot_offset = ws->layout.oneshot_offset;
+  p.stage_bytes = ws->layout.stage_bytes;
+  p.slot_bytes = ws->layout.slot_bytes;
+  p.twoshot_input_offset = ws->layout.twoshot_input_offset();
+  p.twoshot_sum_offset = ws->layout.twoshot_sum_offset();
+  p.spin_timeout_ns = ws->spin_timeout_ns;
+  p.input = a.input;
+  p.allreduce_out = a.allreduce_out;
+  p.residual_in = a.residual_in;
+  p.residual_out = a.residual_out;
+  p.gamma = a.gamma;
+  p.norm_out = a.norm_out;
+  p.quant_out = a.quant_out;
+  p.scale_out = a.scale_out;
+  p.scale = a.scale;
+  p.eps = a.eps;
+  p.weight_bias = a.weight_bias;
+  p.linear_scales = (a.flags & ARBITER_RUN_NVFP4_LINEAR_SCALES) != 0;
+
+  LaunchShape shape;
+  shape.grid_blocks = config.grid_blocks;
+  shape.cta_threads = config.cta_threads;
+  shape.cluster_size = config.cluster_size;
+  shape.pdl = (a.flags & ARBITER_RUN_PDL) != 0;
+
+  common::DeviceScope scope;
+  if (const cudaError_t e = scope.use(ws->device); e != cudaSuccess) {
+    return report(Status(ARBITER_INTERNAL, cuda_message("cudaSetDevice", e)));
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t e = a.algorithm == ARBITER_ALGORITHM_ONESHOT
+                            ? launch_oneshot(p, a.dtype, a.pattern, shape, s)
+                            : launch_twoshot(p, a.dtype, a.pattern, shape, s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return report(Status(ARBITER_INTERNAL, cuda_message("kernel launch", e)));
+  }
+  return ARBITER_OK;
+}
+
+std::uint64_t max_message_bytes_impl(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
+  return ws == nullptr ? 0 : per_call_capacity(ws->layout, algorithm);
+}
+
+// ---------------------------------------------------------------- ABI
+
+template <typename F>
+std::int32_t guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    t_last_error = "trtllm: out of host memory";
+  } catch (const std::exception& e) {
+    try {
+      t_last_error = std::string("trtllm: unexpected exception: ") + e.what();
+    } catch (...) {
+    }
+  } catch (...) {
+    t_last_error = "trtllm: unexpected exception";
+  }
+  return ARBITER_INTERNAL;
+}
+
+std::int32_t abi_probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  return guarded([&] { return probe_impl(args, caps); });
+}
+
+std::int32_t abi_workspace_create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                                  arbiter_workspace** out) {
+  return guarded([&] { return create_impl(oob, spec, out); });
+}
+
+std::uint64_t abi_max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
+  return max_message_bytes_impl(ws, algorithm);
+}
+
+std::int32_t abi_run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+  return guarded([&] { return run_impl(ws, args, stream); });
+}
+
+void abi_workspace_destroy(arbiter_workspace* ws) {
+  if (ws == nullptr) return;
+  guarded([&] {
+    destroy_workspace(*ws);
+    return ARBITER_OK;
+  });
+  delete ws;
+}
+
+const char* abi_last_error() { return t_last_error.c_str(); }
+
+}  // namespace
+}  // namespace arbiter::trtllm
+
+extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 = {
+    ARBITER_BACKEND_ABI_VERSION,
+    "trtllm",
+    arbiter::trtllm::abi_probe,
+    arbiter::trtllm::abi_workspace_create,
+    arbiter::trtllm::abi_max_message_bytes,
+    arbiter::trtllm::abi_run,
+    arbiter::trtllm::abi_workspace_destroy,
+    arbiter::trtllm::abi_last_error,
+};

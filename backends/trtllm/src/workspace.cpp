@@ -1,0 +1,394 @@
+// Collective creation and destruction of trtllm workspaces.
+//
+// Each rank allocates its workspace with cudaMalloc, zeroes it, fills the
+// one-shot stages with the sentinel and waits for that, then all-gathers a
+// Hello: its status, where it runs (host, process, GPU), its layout, its
+// share of the GPU, its base pointer and a CUDA IPC handle. From the same
+// Hellos every rank reaches the same verdict. Peers in another process are
+// mapped with cudaIpcOpenMemHandle; peers in this process (loopback virtual
+// ranks, or one process driving several GPUs) are used through their plain
+// pointers. A second all-gather agrees that every rank mapped every peer.
+//
+// Only the runtime API is used (no driver entry points are needed), so the
+// module still loads and answers where there is no driver.
+#include "workspace.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "arbiter/common/collective.h"
+#include "arbiter/common/cuda_host.h"
+#include "arbiter/common/numeric.h"
+#include "launch.h"
+
+namespace arbiter::trtllm {
+namespace {
+
+using common::cuda_message;
+using common::DeviceScope;
+using common::Status;
+
+constexpr std::uint32_t kHelloMagic = 0x54524c4cu;  // "TRLL"; bump with the layout
+constexpr std::size_t kReasonBytes = 240;
+// Cluster sizes whose residency is queried: 2, 4, 8 (index log2 - 1).
+constexpr int kClusterSizes = 3;
+
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The same for every process on this host (the kernel's boot id; the host
+// name where that cannot be read): peers with another value are on another
+// host, which CUDA IPC cannot reach.
+std::uint64_t host_identity() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (in >> id && !id.empty()) return fnv1a("boot:" + id);
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return fnv1a(std::string("host:") + name);
+}
+
+// Different for every process, a fork included (the pid is mixed in at
+// every call): peers with the same value share this address space.
+std::uint64_t process_identity() {
+  static const std::uint64_t salt = [] {
+    std::random_device random;
+    return (std::uint64_t{random()} << 32) ^ random();
+  }();
+  return salt ^ (static_cast<std::uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull);
+}
+
+struct Hello {
+  std::uint32_t magic;
+  std::int32_t status;
+  std::uint64_t host;
+  std::uint64_t process;
+  std::int32_t device;
+  std::uint32_t capability;
+  unsigned char uuid[16];
+  std::uint32_t world_size;
+  std::int32_t dtype;
+  std::uint64_t message_capacity;
+  std::uint64_t total_bytes;
+  std::uint32_t sm_count;
+  std::uint32_t clusters[kClusterSizes];  // resident clusters of 2, 4, 8 CTAs
+  std::uint64_t base;
+  cudaIpcMemHandle_t handle;
+  char reason[kReasonBytes];
+};
+
+struct Outcome {
+  std::int32_t status;
+  char reason[kReasonBytes];
+};
+
+std::string describe_spec(const Hello& h) {
+  return "world size " + std::to_string(h.world_size) + ", dtype " + std::to_string(h.dtype) +
+         ", message capacity " + std::to_string(h.message_capacity) + " bytes";
+}
+
+Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
+  if (spec.world_size != oob.size || spec.rank != oob.rank) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "spec says rank " + std::to_string(spec.rank) + " of " +
+                      std::to_string(spec.world_size) + ", the oob group says rank " +
+                      std::to_string(oob.rank) + " of " + std::to_string(oob.size));
+  }
+  if (spec.nodes > 1) {
+    return Status(ARBITER_UNSUPPORTED, "the ranks span " + std::to_string(spec.nodes) +
+                                           " nodes; trtllm maps peer memory with CUDA IPC, "
+                                           "which works within one node only (use mnnvl or nccl)");
+  }
+  if (spec.device < 0) {
+    return Status(ARBITER_INVALID_ARGUMENT, "spec.device is " + std::to_string(spec.device) +
+                                                "; trtllm needs a CUDA ordinal (LOCAL_RANK)");
+  }
+  return Status();
+}
+
+// Allocates and initialises this rank's workspace and fills `hello`.
+Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello& hello) {
+  auto layout = make_workspace_layout(spec.world_size, spec.max_message_bytes, spec.dtype,
+                                      spec.max_tokens, spec.hidden);
+  if (!layout.ok()) return layout.status();
+  ws.layout = layout.value();
+  hello.world_size = ws.layout.world_size;
+  hello.dtype = ws.layout.dtype;
+  hello.message_capacity = ws.layout.message_capacity;
+  hello.total_bytes = ws.layout.total_bytes;
+
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, spec.device); e != cudaSuccess) {
+    return Status(ARBITER_UNAVAILABLE,
+                  cuda_message("cudaGetDeviceProperties(" + std::to_string(spec.device) + ")", e));
+  }
+  ws.capability = static_cast<std::uint32_t>(prop.major * 10 + prop.minor);
+  hello.capability = ws.capability;
+  std::memcpy(hello.uuid, &prop.uuid, sizeof hello.uuid);
+  hello.sm_count = static_cast<std::uint32_t>(prop.multiProcessorCount);
+  for (int i = 0; i < kClusterSizes; ++i) {
+    int clusters = 0;
+    // A cluster size the device cannot launch counts as none resident.
+    if (query_max_active_clusters(2u << i, &clusters) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    hello.clusters[i] = static_cast<std::uint32_t>(std::max(clusters, 0));
+  }
+
+  void* base = nullptr;
+  if (cudaError_t e = cudaMalloc(&base, ws.layout.total_bytes); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(
+        ARBITER_UNAVAILABLE,
+        cuda_message("cudaMalloc(" + std::to_string(ws.layout.total_bytes) +
+                         " bytes: 3 one-shot stages x " + std::to_string(ws.layout.world_size) +
+                         " slots of " + std::to_string(ws.layout.slot_bytes) +
+                         " bytes + two-shot scratch); lower max_message_bytes",
+                     e));
+  }
+  ws.base = static_cast<char*>(base);
+  hello.base = reinterpret_cast<std::uintptr_t>(base);
+
+  cudaStream_t stream = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemsetAsync(base, 0, ws.layout.total_bytes, stream);
+  if (e == cudaSuccess) {
+    e = launch_fill_sentinel(ws.base + ws.layout.oneshot_offset, ws.layout.oneshot_bytes,
+                             ws.layout.dtype, stream);
+  }
+  // Every peer sees the sentinel before any first call: the exchange below
+  // happens after this wait on every rank.
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (e != cudaSuccess)
+    return Status(ARBITER_INTERNAL, cuda_message("initialising the workspace", e));
+
+  if (e = cudaIpcGetMemHandle(&hello.handle, base); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_UNAVAILABLE, cuda_message("cudaIpcGetMemHandle", e));
+  }
+  return Status();
+}
+
+// Checks every rank can reach the same conclusion from the Hellos alone.
+Status check_group(const std::vector<Hello>& all) {
+  const Hello& a = all[0];
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const Hello& b = all[r];
+    const std::string rank = "rank " + std::to_string(r);
+    if (b.magic != kHelloMagic) {
+      return Status(ARBITER_INVALID_ARGUMENT, rank + " runs a different build of this module");
+    }
+    if (b.host != a.host) {
+      return Status(ARBITER_UNSUPPORTED, rank +
+                                             " is on another host than rank 0; trtllm is "
+                                             "single-node (CUDA IPC), use mnnvl or nccl");
+    }
+    if (b.world_size != a.world_size || b.dtype != a.dtype ||
+        b.message_capacity != a.message_capacity || b.total_bytes != a.total_bytes) {
+      return Status(ARBITER_INVALID_ARGUMENT, "ranks disagree on the workspace: rank 0 has " +
+                                                  describe_spec(a) + "; " + rank + " has " +
+                                                  describe_spec(b));
+    }
+    if (b.capability != a.capability) {
+      return Status(ARBITER_UNSUPPORTED, rank + " has capability " + std::to_string(b.capability) +
+                                             ", rank 0 has " + std::to_string(a.capability));
+    }
+    for (std::size_t q = 0; q < r; ++q) {
+      if (std::memcmp(all[q].uuid, b.uuid, sizeof b.uuid) == 0 && all[q].process != b.process) {
+        return Status(ARBITER_UNSUPPORTED,
+                      "ranks " + std::to_string(q) + " and " + std::to_string(r) +
+                          " use the same GPU from different processes; their kernels would not "
+                          "run at the same time and would wait for each other forever. Give "
+                          "each rank its own GPU (device = LOCAL_RANK)");
+      }
+    }
+  }
+  return Status();
+}
+
+// Every rank's share of its GPU, and the minimum over ranks: the limits all
+// ranks launch with. Ranks sharing a GPU (loopback) split it, so that every
+// rank's CTAs are resident at once.
+DeviceLimits agreed_limits(const std::vector<Hello>& all) {
+  std::uint32_t sm_share = ~0u;
+  std::uint32_t cluster_share[kClusterSizes];
+  std::fill(cluster_share, cluster_share + kClusterSizes, ~0u);
+  for (const Hello& h : all) {
+    std::uint32_t sharing = 0;
+    for (const Hello& other : all) {
+      sharing += std::memcmp(h.uuid, other.uuid, sizeof h.uuid) == 0 ? 1 : 0;
+    }
+    sm_share = std::min(sm_share, h.sm_count / sharing);
+    for (int i = 0; i < kClusterSizes; ++i) {
+      cluster_share[i] = std::min(cluster_share[i], h.clusters[i] / sharing);
+    }
+  }
+  DeviceLimits limits;
+  limits.sm_count = sm_share;
+  limits.max_threads_per_block = kMaxCtaThreads;
+  limits.resident_blocks_per_sm = 1;  // __launch_bounds__(1024, 1): one CTA per SM is certain
+  limits.active_clusters[0] = sm_share;
+  limits.max_cluster_size = 1;
+  // Sizes of which not even one cluster per rank fits are never launched.
+  for (int i = 0; i < kClusterSizes && cluster_share[i] >= 1; ++i) {
+    limits.active_clusters[i + 1] = cluster_share[i];
+    limits.max_cluster_size = 2u << i;
+  }
+  return limits;
+}
+
+// Maps peer `q` into this process.
+Status map_peer(arbiter_workspace& ws, const Hello& mine, const Hello& peer, std::uint32_t q) {
+  if (peer.process == mine.process) {
+    if (peer.device != mine.device) {
+      int can = 0;
+      cudaError_t e = cudaDeviceCanAccessPeer(&can, mine.device, peer.device);
+      if (e != cudaSuccess || can == 0) {
+        cudaGetLastError();
+        return Status(ARBITER_UNAVAILABLE, "GPU " + std::to_string(mine.device) +
+                                               " cannot access GPU " + std::to_string(peer.device) +
+                                               " directly (no peer-to-peer path)");
+      }
+      e = cudaDeviceEnablePeerAccess(peer.device, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+        return Status(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceEnablePeerAccess", e));
+      }
+      cudaGetLastError();  // clears cudaErrorPeerAccessAlreadyEnabled
+    }
+    ws.peers[q] = reinterpret_cast<char*>(static_cast<std::uintptr_t>(peer.base));
+    return Status();
+  }
+  void* mapped = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_UNAVAILABLE,
+                  cuda_message("mapping rank " + std::to_string(q) +
+                                   "'s workspace (cudaIpcOpenMemHandle; the GPUs need a "
+                                   "peer-to-peer path, e.g. NVLink)",
+                               e));
+  }
+  ws.peers[q] = static_cast<char*>(mapped);
+  ws.ipc_opened[q] = true;
+  return Status();
+}
+
+void unmap_and_free(arbiter_workspace& ws) {
+  for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
+    if (ws.ipc_opened[q]) cudaIpcCloseMemHandle(ws.peers[q]);
+    ws.ipc_opened[q] = false;
+    ws.peers[q] = nullptr;
+  }
+  if (ws.base != nullptr) cudaFree(ws.base);
+  ws.base = nullptr;
+  cudaGetLastError();
+}
+
+}  // namespace
+
+Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                        arbiter_workspace& ws) {
+  ws.oob = oob;
+  ws.timeout_ms = spec.timeout_ms;
+  ws.device = spec.device;
+  ws.rank = static_cast<std::uint32_t>(oob.rank);
+  ws.world_size = static_cast<std::uint32_t>(oob.size);
+  // A peer that never shows up ends the kernel with an error after this long
+  // instead of hanging it (at least 1 s; no deadline when timeout_ms <= 0).
+  ws.spin_timeout_ns =
+      spec.timeout_ms <= 0
+          ? 0
+          : static_cast<std::uint64_t>(std::max<std::int64_t>(spec.timeout_ms, 1000)) * 1000000ull;
+
+  DeviceScope scope;
+  Hello mine{};
+  mine.magic = kHelloMagic;
+  mine.host = host_identity();
+  mine.process = process_identity();
+  mine.device = spec.device;
+  Status local = check_spec(oob, spec);
+  if (local.ok()) {
+    if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
+      local = Status(ARBITER_UNAVAILABLE,
+                     cuda_message("cudaSetDevice(" + std::to_string(spec.device) + ")", e));
+    }
+  }
+  if (local.ok()) local = prepare(spec, ws, mine);
+  mine.status = local.code();
+  common::put_reason(mine, local.message());
+
+  std::vector<Hello> hellos(oob.size);
+  if (const std::int32_t rc =
+          oob.allgather(oob.ctx, &mine, hellos.data(), sizeof(Hello), spec.timeout_ms);
+      rc != ARBITER_OK) {
+    unmap_and_free(ws);
+    return common::exchange_failed(oob, "allgather", rc);
+  }
+  Status s = common::verdict(hellos, oob.rank);
+  if (s.ok()) s = check_group(hellos);
+  if (!s.ok()) {
+    unmap_and_free(ws);
+    return s;
+  }
+
+  Status mapped;
+  for (std::uint32_t q = 0; q < ws.world_size && mapped.ok(); ++q) {
+    mapped = q == ws.rank ? Status() : map_peer(ws, mine, hellos[q], q);
+  }
+  ws.peers[ws.rank] = ws.base;
+  Outcome outcome{};
+  outcome.status = mapped.code();
+  common::put_reason(outcome, mapped.message());
+  std::vector<Outcome> outcomes(oob.size);
+  if (const std::int32_t rc =
+          oob.allgather(oob.ctx, &outcome, outcomes.data(), sizeof(Outcome), spec.timeout_ms);
+      rc != ARBITER_OK) {
+    unmap_and_free(ws);
+    return common::exchange_failed(oob, "allgather", rc);
+  }
+  if (s = common::verdict(outcomes, oob.rank); !s.ok()) {
+    // A peer may have mapped this rank's memory already: wait for everyone
+    // to unmap before freeing.
+    for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
+      if (ws.ipc_opened[q]) cudaIpcCloseMemHandle(ws.peers[q]);
+      ws.ipc_opened[q] = false;
+    }
+    oob.barrier(oob.ctx, spec.timeout_ms);
+    unmap_and_free(ws);
+    return s;
+  }
+  ws.limits = agreed_limits(hellos);
+  return Status();
+}
+
+void destroy_workspace(arbiter_workspace& ws) {
+  DeviceScope scope;
+  scope.use(ws.device);
+  // This rank's kernels are done, then every rank's: nobody touches any
+  // workspace of the group any more.
+  cudaDeviceSynchronize();
+  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
+  for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
+    if (ws.ipc_opened[q]) cudaIpcCloseMemHandle(ws.peers[q]);
+    ws.ipc_opened[q] = false;
+  }
+  // Every peer has unmapped this rank's memory before it is freed.
+  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
+  unmap_and_free(ws);
+}
+
+}  // namespace arbiter::trtllm

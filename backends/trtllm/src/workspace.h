@@ -1,0 +1,42 @@
+// One rank's trtllm workspace: its own allocation (workspace_layout.h), every
+// peer's allocation mapped into this process, and what the launcher needs to
+// know about the device. Created and destroyed collectively (workspace.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "arbiter/common/status.h"
+#include "arbiter/trtllm/launch_config.h"
+#include "arbiter/trtllm/workspace_layout.h"
+#include "arbiter_backend.h"
+#include "kernel_params.h"
+
+struct arbiter_workspace {
+  arbiter_oob oob{};  // the host keeps its context valid until destroy
+  std::int64_t timeout_ms = 0;
+  int device = 0;
+  std::uint32_t capability = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+  arbiter::trtllm::WorkspaceLayout layout;
+  // Agreed by every rank (the minimum over ranks of each rank's share of its
+  // GPU), so every rank picks the same launch configuration.
+  arbiter::trtllm::DeviceLimits limits;
+  std::uint64_t spin_timeout_ns = 0;
+  char* base = nullptr;  // this rank's allocation
+  char* peers[arbiter::trtllm::kMaxRanks] = {};
+  bool ipc_opened[arbiter::trtllm::kMaxRanks] = {};  // mappings to close on destroy
+};
+
+namespace arbiter::trtllm {
+
+// Collective over `oob`. On failure every rank gets a non-OK Status with the
+// reason and nothing is left allocated or mapped.
+common::Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                                arbiter_workspace& ws);
+
+// Collective: waits for this rank's device, then for every rank, unmaps the
+// peers and frees the allocation. Never fails; a lost peer only shortens it.
+void destroy_workspace(arbiter_workspace& ws);
+
+}  // namespace arbiter::trtllm
