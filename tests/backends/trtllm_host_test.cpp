@@ -332,6 +332,36 @@ BOOST_AUTO_TEST_CASE(grid_never_exceeds_resident_clusters_or_barrier_slots) {
   BOOST_TEST(h.grid_blocks == kMaxGridBlocks);
 }
 
+BOOST_AUTO_TEST_CASE(per_size_cluster_residency_bounds_the_wave_of_that_size) {
+  DeviceLimits d = h200();
+  d.resident_blocks_per_sm = 1;
+  d.active_clusters[1] = 60;  // clusters of 2 resident at once
+  d.active_clusters[2] = 28;
+  d.active_clusters[3] = 14;
+  // fp32 hidden 8192 is 2048 threads: clusters of 2 CTAs of 1024.
+  const LaunchConfig c = choose_launch_config(request(1000, 8192, ARBITER_DTYPE_FP32), d).value();
+  BOOST_TEST(c.cluster_size == 2u);
+  BOOST_TEST(c.grid_blocks == 120u);
+
+  // One GPU shared by 16 loopback ranks: each gets 132 / 16 SMs and its
+  // share of the resident clusters, so all ranks' CTAs fit at once.
+  DeviceLimits share;
+  share.sm_count = 8;
+  share.resident_blocks_per_sm = 1;
+  share.max_cluster_size = 4;
+  share.active_clusters[0] = 8;
+  share.active_clusters[1] = 3;
+  share.active_clusters[2] = 1;
+  const LaunchConfig f =
+      choose_launch_config(request(1000, 8192, ARBITER_DTYPE_FP32), share).value();
+  BOOST_TEST(f.cluster_size == 2u);
+  BOOST_TEST(f.grid_blocks == 6u);
+  const LaunchConfig b = choose_launch_config(request(1, 8192, ARBITER_DTYPE_BF16), share).value();
+  BOOST_TEST(b.cluster_size == 4u);
+  BOOST_TEST(b.cta_threads == 256u);
+  BOOST_TEST(b.grid_blocks == 4u);
+}
+
 BOOST_AUTO_TEST_CASE(a_non_power_of_two_cluster_limit_rounds_down) {
   DeviceLimits d = h200();
   d.max_cluster_size = 7;  // never launch a cluster of 7 (FlashInfer #2557)
