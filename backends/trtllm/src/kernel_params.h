@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "arbiter/common/cuda/epilogue_params.h"
 #include "arbiter/trtllm/workspace_layout.h"
 #include "arbiter_backend.h"
 
@@ -23,8 +24,6 @@ struct KernelParams {
   std::uint32_t world_size = 0;
   std::uint32_t tokens = 0;
   std::uint32_t hidden = 0;
-  std::uint32_t threads_per_token = 0;  // hidden / elements per vector
-  std::uint32_t cluster_size = 1;       // CTAs per token
   // Workspace layout (bytes from a workspace base).
   std::uint64_t flags_offset = 0;
   std::uint64_t oneshot_offset = 0;
@@ -35,19 +34,9 @@ struct KernelParams {
   // A wait on a peer that takes longer than this traps (0: waits forever):
   // a lost peer then ends in a CUDA error instead of a silent hang.
   std::uint64_t spin_timeout_ns = 0;
-  // The call.
+  // The call: this rank's input, and everything the epilogue writes.
   const void* input = nullptr;
-  void* allreduce_out = nullptr;
-  const void* residual_in = nullptr;
-  void* residual_out = nullptr;
-  const void* gamma = nullptr;
-  void* norm_out = nullptr;
-  void* quant_out = nullptr;
-  void* scale_out = nullptr;
-  const float* scale = nullptr;
-  float eps = 0.0f;
-  float weight_bias = 0.0f;
-  bool linear_scales = false;
+  common::EpilogueParams epilogue;
 };
 
 }  // namespace arbiter::trtllm

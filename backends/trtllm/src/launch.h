@@ -7,17 +7,13 @@
 
 #include <cstdint>
 
+#include "arbiter/common/cuda/kernel_launch_shape.h"
 #include "arbiter_backend.h"
 #include "kernel_params.h"
 
 namespace arbiter::trtllm {
 
-struct LaunchShape {
-  std::uint32_t grid_blocks = 0;  // a multiple of cluster_size, at most one wave
-  std::uint32_t cta_threads = 0;  // even for NVFP4 (block partners share a warp)
-  std::uint32_t cluster_size = 1;
-  bool pdl = false;  // programmatic dependent launch
-};
+using common::LaunchShape;
 
 cudaError_t launch_oneshot(const KernelParams& params, arbiter_dtype dtype, arbiter_pattern pattern,
                            const LaunchShape& shape, cudaStream_t stream);

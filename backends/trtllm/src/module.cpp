@@ -164,8 +164,6 @@ std::int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args,
   p.world_size = ws->world_size;
   p.tokens = a.tokens;
   p.hidden = a.hidden;
-  p.threads_per_token = config.threads_per_token;
-  p.cluster_size = config.cluster_size;
   p.flags_offset = ws->layout.flags_offset;
   p.oneshot_offset = ws->layout.oneshot_offset;
   p.stage_bytes = ws->layout.stage_bytes;
@@ -174,17 +172,7 @@ std::int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args,
   p.twoshot_sum_offset = ws->layout.twoshot_sum_offset();
   p.spin_timeout_ns = ws->spin_timeout_ns;
   p.input = a.input;
-  p.allreduce_out = a.allreduce_out;
-  p.residual_in = a.residual_in;
-  p.residual_out = a.residual_out;
-  p.gamma = a.gamma;
-  p.norm_out = a.norm_out;
-  p.quant_out = a.quant_out;
-  p.scale_out = a.scale_out;
-  p.scale = a.scale;
-  p.eps = a.eps;
-  p.weight_bias = a.weight_bias;
-  p.linear_scales = (a.flags & ARBITER_RUN_NVFP4_LINEAR_SCALES) != 0;
+  p.epilogue = common::make_epilogue_params(a, config.threads_per_token, config.cluster_size);
 
   LaunchShape shape;
   shape.grid_blocks = config.grid_blocks;

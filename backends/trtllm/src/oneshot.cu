@@ -18,22 +18,24 @@
 
 #include <cstdint>
 
+#include "arbiter/common/cuda/device_ops.cuh"
+#include "arbiter/common/cuda/fused_epilogue.cuh"
+#include "arbiter/common/cuda/kernel_launch.cuh"
 #include "arbiter/common/stages.h"
-#include "device_ops.cuh"
-#include "launch.cuh"
 #include "launch.h"
 
 namespace arbiter::trtllm {
 namespace {
 
-using device::Epilogue;
+using common::Epilogue;
 
 // Slots polled with their loads in flight together.
 constexpr unsigned kPollBatch = 4;
 
 template <arbiter_dtype kDtype, Epilogue kEpilogue>
-__global__ void __launch_bounds__(device::kMaxThreads, 1) oneshot_kernel(const KernelParams p) {
-  using namespace device;
+__global__ void __launch_bounds__(common::device::kMaxThreads, 1)
+    oneshot_kernel(const KernelParams p) {
+  using namespace common::device;
   using V = Vector<kDtype>;
   constexpr unsigned kN = V::kElements;
   __shared__ ReductionSmem smem;
@@ -49,9 +51,9 @@ __global__ void __launch_bounds__(device::kMaxThreads, 1) oneshot_kernel(const K
   const std::uint32_t stage = shared_stage;
   const std::uint64_t clear_bytes = shared_clear_bytes;
 
-  const Lane lane = lane_of(p);
-  const unsigned clusters = gridDim.x / p.cluster_size;
-  const unsigned cluster = blockIdx.x / p.cluster_size;
+  const Lane lane = lane_of(p.epilogue);
+  const unsigned clusters = gridDim.x / p.epilogue.cluster_size;
+  const unsigned cluster = blockIdx.x / p.epilogue.cluster_size;
   const std::uint64_t row_bytes = std::uint64_t{p.hidden} * sizeof(typename V::Bits);
   const std::uint64_t lane_bytes = std::uint64_t{lane.vector} * 16;
   const std::uint64_t stage_base = p.oneshot_offset + stage * p.stage_bytes;
@@ -113,11 +115,11 @@ __global__ void __launch_bounds__(device::kMaxThreads, 1) oneshot_kernel(const K
         }
       }
     }
-    apply_epilogue<kDtype, kEpilogue>(p, t, lane, sum, smem);
+    apply_epilogue<kDtype, kEpilogue>(p.epilogue, t, lane, sum, smem);
   }
 
   // 4. The next one-shot call uses the next stage and clears this one.
-  arrive(p, [&](ControlBlock& control) {
+  arrive(p.control, [&](ControlBlock& control) {
     control.stage = common::next_stage(stage);
     control.clear_bytes = p.tokens * row_bytes;
   });
@@ -136,10 +138,11 @@ __global__ void fill_kernel(uint4* base, std::uint64_t vectors, uint4 value) {
 
 cudaError_t launch_oneshot(const KernelParams& params, arbiter_dtype dtype, arbiter_pattern pattern,
                            const LaunchShape& shape, cudaStream_t stream) {
-  const KernelFunction kernel = select_kernel(dtype, pattern, [](auto d, auto e) -> KernelFunction {
-    return oneshot_kernel<decltype(d)::value, decltype(e)::value>;
-  });
-  return launch_kernel(kernel, params, shape, stream);
+  const auto kernel = common::select_kernel<KernelParams>(
+      dtype, pattern, [](auto d, auto e) -> common::KernelFunction<KernelParams> {
+        return oneshot_kernel<decltype(d)::value, decltype(e)::value>;
+      });
+  return common::launch_kernel(kernel, params, shape, stream);
 }
 
 cudaError_t launch_fill_sentinel(void* base, std::uint64_t bytes, arbiter_dtype dtype,
@@ -156,7 +159,7 @@ cudaError_t launch_fill_sentinel(void* base, std::uint64_t bytes, arbiter_dtype 
 cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(cluster_size);
-  config.blockDim = dim3(device::kMaxThreads);
+  config.blockDim = dim3(common::device::kMaxThreads);
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = cluster_size;

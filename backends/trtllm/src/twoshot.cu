@@ -21,22 +21,23 @@
 
 #include <cstdint>
 
+#include "arbiter/common/cuda/device_ops.cuh"
+#include "arbiter/common/cuda/fused_epilogue.cuh"
+#include "arbiter/common/cuda/kernel_launch.cuh"
 #include "arbiter/common/partition.h"
-#include "device_ops.cuh"
-#include "launch.cuh"
 #include "launch.h"
 
 namespace arbiter::trtllm {
 namespace {
 
-using device::Epilogue;
+using common::Epilogue;
 
 constexpr unsigned kPullBatch = 4;
 
 // Every rank's CTA blockIdx.x has reached epoch `target`; its stores before
 // the barrier are visible to the CTAs that pass it.
 __device__ void cross_rank_barrier(const KernelParams& p, std::uint64_t target) {
-  using namespace device;
+  using namespace common::device;
   __syncthreads();
   for (std::uint32_t q = threadIdx.x; q < p.world_size; q += blockDim.x) {
     auto flags = [&](std::uint32_t rank) {
@@ -58,8 +59,9 @@ __device__ void cross_rank_barrier(const KernelParams& p, std::uint64_t target) 
 }
 
 template <arbiter_dtype kDtype, Epilogue kEpilogue>
-__global__ void __launch_bounds__(device::kMaxThreads, 1) twoshot_kernel(const KernelParams p) {
-  using namespace device;
+__global__ void __launch_bounds__(common::device::kMaxThreads, 1)
+    twoshot_kernel(const KernelParams p) {
+  using namespace common::device;
   using V = Vector<kDtype>;
   constexpr unsigned kN = V::kElements;
   __shared__ ReductionSmem smem;
@@ -72,9 +74,9 @@ __global__ void __launch_bounds__(device::kMaxThreads, 1) twoshot_kernel(const K
   __syncthreads();
   const std::uint64_t epoch = shared_epoch;
 
-  const Lane lane = lane_of(p);
-  const unsigned clusters = gridDim.x / p.cluster_size;
-  const unsigned cluster = blockIdx.x / p.cluster_size;
+  const Lane lane = lane_of(p.epilogue);
+  const unsigned clusters = gridDim.x / p.epilogue.cluster_size;
+  const unsigned cluster = blockIdx.x / p.epilogue.cluster_size;
   const std::uint64_t row_bytes = std::uint64_t{p.hidden} * sizeof(typename V::Bits);
   const std::uint64_t lane_bytes = std::uint64_t{lane.vector} * 16;
   char* const self = p.peers[p.rank];
@@ -134,10 +136,10 @@ __global__ void __launch_bounds__(device::kMaxThreads, 1) twoshot_kernel(const K
 #pragma unroll
       for (unsigned k = 0; k < kN; ++k) sum[k] = 0.0f;
     }
-    apply_epilogue<kDtype, kEpilogue>(p, t, lane, sum, smem);
+    apply_epilogue<kDtype, kEpilogue>(p.epilogue, t, lane, sum, smem);
   }
 
-  arrive(p, [&](ControlBlock& control) { control.barrier_epoch = epoch + 2; });
+  arrive(p.control, [&](ControlBlock& control) { control.barrier_epoch = epoch + 2; });
   allow_dependent_grid();
 }
 
@@ -145,10 +147,11 @@ __global__ void __launch_bounds__(device::kMaxThreads, 1) twoshot_kernel(const K
 
 cudaError_t launch_twoshot(const KernelParams& params, arbiter_dtype dtype, arbiter_pattern pattern,
                            const LaunchShape& shape, cudaStream_t stream) {
-  const KernelFunction kernel = select_kernel(dtype, pattern, [](auto d, auto e) -> KernelFunction {
-    return twoshot_kernel<decltype(d)::value, decltype(e)::value>;
-  });
-  return launch_kernel(kernel, params, shape, stream);
+  const auto kernel = common::select_kernel<KernelParams>(
+      dtype, pattern, [](auto d, auto e) -> common::KernelFunction<KernelParams> {
+        return twoshot_kernel<decltype(d)::value, decltype(e)::value>;
+      });
+  return common::launch_kernel(kernel, params, shape, stream);
 }
 
 }  // namespace arbiter::trtllm

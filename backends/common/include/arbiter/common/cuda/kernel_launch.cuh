@@ -1,23 +1,28 @@
 // Turning a runtime (dtype, pattern) into a kernel instantiation, and the
-// launch itself with its attributes (cluster shape, PDL).
+// launch itself with its attributes (cluster shape, PDL). Shared by the GPU
+// modules; each passes its own kernel parameter struct.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "device_ops.cuh"
-#include "launch.h"
+#include <cstdint>
+#include <type_traits>
 
-namespace arbiter::trtllm {
+#include "arbiter/common/cuda/epilogue_params.h"
+#include "arbiter/common/cuda/kernel_launch_shape.h"
+#include "arbiter_backend.h"
 
-using KernelFunction = void (*)(KernelParams);
+namespace arbiter::common {
+
+template <typename Params>
+using KernelFunction = void (*)(Params);
 
 // Picks Kernel<dtype, epilogue> through `pick`, a generic lambda taking the
 // two as integral constants. NULL for combinations that do not exist (NVFP4
 // in fp32; the guards refuse it first).
-template <typename Pick>
-KernelFunction select_kernel(arbiter_dtype dtype, arbiter_pattern pattern, Pick pick) {
-  using device::Epilogue;
-  auto by_pattern = [&](auto d) -> KernelFunction {
+template <typename Params, typename Pick>
+KernelFunction<Params> select_kernel(arbiter_dtype dtype, arbiter_pattern pattern, Pick pick) {
+  auto by_pattern = [&](auto d) -> KernelFunction<Params> {
     constexpr arbiter_dtype kDtype = decltype(d)::value;
     switch (pattern) {
       case ARBITER_PATTERN_ALLREDUCE:
@@ -45,8 +50,9 @@ KernelFunction select_kernel(arbiter_dtype dtype, arbiter_pattern pattern, Pick 
   return nullptr;
 }
 
-inline cudaError_t launch_kernel(KernelFunction kernel, const KernelParams& params,
-                                 const LaunchShape& shape, cudaStream_t stream) {
+template <typename Params>
+cudaError_t launch_kernel(KernelFunction<Params> kernel, const Params& params,
+                          const LaunchShape& shape, cudaStream_t stream) {
   if (kernel == nullptr) return cudaErrorInvalidDeviceFunction;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(shape.grid_blocks);
@@ -72,4 +78,4 @@ inline cudaError_t launch_kernel(KernelFunction kernel, const KernelParams& para
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-}  // namespace arbiter::trtllm
+}  // namespace arbiter::common

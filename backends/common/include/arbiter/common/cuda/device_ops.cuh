@@ -1,12 +1,7 @@
-// Device building blocks of the trtllm kernels: 16-byte vectors of a dtype,
-// the sentinel on raw bits, memory operations with the scope each protocol
-// step needs, bounded spins, block and cluster reductions, and the fused
-// epilogue of one vector of one token.
-//
-// Thread layout (launch_config.h): a token is spread over the CTAs of one
-// cluster; thread t of cluster CTA c owns vector c * blockDim.x + t of it.
-// Trailing threads own nothing ("idle") but take part in every barrier and
-// reduction, so blockDim.x need not divide anything.
+// Device building blocks of the GPU all-reduce kernels (trtllm, mnnvl):
+// 16-byte vectors of a dtype, the sentinel on raw bits, memory operations
+// with the scope each protocol step needs, bounded spins, PDL, and block and
+// cluster reductions correct for any block size. CUDA only (nvcc).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -20,16 +15,12 @@
 #include "arbiter/common/nvfp4.h"
 #include "arbiter/common/rmsnorm.h"
 #include "arbiter/common/sentinel.h"
-#include "kernel_params.h"
 
-namespace arbiter::trtllm::device {
+namespace arbiter::common::device {
 
 namespace cg = cooperative_groups;
 
 inline constexpr unsigned kMaxThreads = 1024;
-
-// What is fused after the sum; the optional outputs are runtime NULL checks.
-enum class Epilogue { kAllreduce, kNorm, kNormFp8, kNormFp4 };
 
 template <arbiter_dtype kDtype>
 struct Vector {
@@ -290,147 +281,4 @@ __device__ inline float cluster_sum(float v, ReductionSmem& s, unsigned cluster_
   return total;
 }
 
-// ------------------------------------------------------------ epilogue
-
-// Where this thread sits: which vector of the token it owns, if any.
-struct Lane {
-  unsigned vector;  // index of the owned 16-byte vector within the token
-  bool active;      // vector < threads_per_token
-};
-
-__device__ inline Lane lane_of(const KernelParams& p) {
-  const unsigned cta_in_cluster = p.cluster_size == 1 ? 0u : cg::this_cluster().block_rank();
-  const unsigned vector = cta_in_cluster * blockDim.x + threadIdx.x;
-  return Lane{vector, vector < p.threads_per_token};
-}
-
-// The fused epilogue for one vector of token `token`, given the fp32 sums
-// over ranks. Every thread of the CTA calls it (idle ones with anything in
-// `sum`): it contains block and cluster reductions. Semantics: rmsnorm.h.
-template <arbiter_dtype kDtype, Epilogue kEpilogue>
-__device__ inline void apply_epilogue(const KernelParams& p, std::uint32_t token, Lane lane,
-                                      const float (&sum)[Vector<kDtype>::kElements],
-                                      ReductionSmem& smem) {
-  using V = Vector<kDtype>;
-  constexpr unsigned kN = V::kElements;
-  constexpr unsigned kElementBytes = sizeof(typename V::Bits);
-  const std::uint64_t first = std::uint64_t{token} * p.hidden + std::uint64_t{lane.vector} * kN;
-  const std::uint64_t offset = first * kElementBytes;
-
-  const uint4 s_bits = pack<kDtype>(sum);
-  if (lane.active && p.allreduce_out != nullptr) {
-    store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
-  }
-  if constexpr (kEpilogue == Epilogue::kAllreduce) {
-    return;
-  } else {
-    float x[kN];
-    float squares = 0.0f;
-    if (lane.active) {
-      float s[kN];
-      float r[kN];
-      unpack<kDtype>(s_bits, s);
-      unpack<kDtype>(load_vector(static_cast<const char*>(p.residual_in) + offset), r);
-#pragma unroll
-      for (unsigned k = 0; k < kN; ++k) {
-        x[k] = round_to<kDtype>(s[k] + r[k]);
-        squares += x[k] * x[k];
-      }
-      if (p.residual_out != nullptr) {
-        store_vector(static_cast<char*>(p.residual_out) + offset, pack<kDtype>(x));
-      }
-    } else {
-#pragma unroll
-      for (unsigned k = 0; k < kN; ++k) x[k] = 0.0f;
-    }
-    const float inv_rms =
-        common::inverse_rms(cluster_sum(squares, smem, p.cluster_size), p.hidden, p.eps);
-
-    float y[kN];
-    if (lane.active) {
-      float g[kN];
-      unpack<kDtype>(load_vector(static_cast<const char*>(p.gamma) +
-                                 std::uint64_t{lane.vector} * kN * kElementBytes),
-                     g);
-#pragma unroll
-      for (unsigned k = 0; k < kN; ++k) {
-        y[k] = round_to<kDtype>(x[k] * inv_rms * (g[k] + p.weight_bias));
-      }
-      if (p.norm_out != nullptr) {
-        store_vector(static_cast<char*>(p.norm_out) + offset, pack<kDtype>(y));
-      }
-    } else {
-#pragma unroll
-      for (unsigned k = 0; k < kN; ++k) y[k] = 0.0f;
-    }
-
-    if constexpr (kEpilogue == Epilogue::kNormFp8) {
-      if (lane.active) {
-        const float scale = *p.scale;
-        std::uint8_t* out = static_cast<std::uint8_t*>(p.quant_out) + first;
-        unsigned words[kN / 4];
-#pragma unroll
-        for (unsigned w = 0; w < kN / 4; ++w) {
-          words[w] = 0;
-#pragma unroll
-          for (unsigned b = 0; b < 4; ++b) {
-            words[w] |= unsigned{common::fp8_quantize(y[4 * w + b], scale)} << (8 * b);
-          }
-        }
-        if constexpr (kN == 8) {
-          *reinterpret_cast<uint2*>(out) = make_uint2(words[0], words[1]);
-        } else {
-          *reinterpret_cast<unsigned*>(out) = words[0];
-        }
-      }
-    } else if constexpr (kEpilogue == Epilogue::kNormFp4) {
-      // A 16-element block is two adjacent threads' vectors (8 elements
-      // each; the launcher keeps CTAs at an even thread count, so partners
-      // share a warp). Every existing lane joins the shuffle.
-      static_assert(kN == 8, "NVFP4 takes fp16 or bf16");
-      float amax = 0.0f;
-#pragma unroll
-      for (unsigned k = 0; k < kN; ++k) amax = fmaxf(amax, fabsf(y[k]));
-      amax = fmaxf(amax, __shfl_xor_sync(lane_mask(warp_lanes()), amax, 1));
-      if (lane.active) {
-        const float global_scale = *p.scale;
-        const std::uint8_t sf = common::nvfp4_block_scale(amax, global_scale);
-        const float value_scale = common::nvfp4_value_scale(sf, global_scale);
-        unsigned packed = 0;
-#pragma unroll
-        for (unsigned k = 0; k < kN; k += 2) {
-          const std::uint8_t even = common::float_to_e2m1(y[k] * value_scale);
-          const std::uint8_t odd = common::float_to_e2m1(y[k + 1] * value_scale);
-          packed |= unsigned{common::pack_e2m1(even, odd)} << (4 * k);
-        }
-        *reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(p.quant_out) + first / 2) = packed;
-        if ((lane.vector & 1u) == 0) {
-          const std::uint32_t blocks = common::nvfp4_blocks_per_row(p.hidden);
-          const std::uint32_t block = lane.vector / 2;
-          static_cast<std::uint8_t*>(
-              p.scale_out)[common::scale_offset(p.linear_scales, token, block, blocks)] = sf;
-        }
-      }
-    }
-  }
-}
-
-// Counts this CTA as done; the last CTA of the grid runs `publish` (the
-// control block's update for the next call) and resets the count. The grid
-// is one wave, so every CTA gets here; the next kernel on the stream reads
-// the control block only after this one completes.
-template <typename Publish>
-__device__ inline void arrive(const KernelParams& p, Publish publish) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned before = atomicAdd(&p.control->arrivals, 1u);
-    if (before == gridDim.x - 1) {
-      publish(*p.control);
-      p.control->arrivals = 0;
-      __threadfence();
-    }
-  }
-}
-
-}  // namespace arbiter::trtllm::device
+}  // namespace arbiter::common::device
