@@ -39,6 +39,7 @@
 #include <string>
 
 #include "arbiter/common/host_device.h"
+#include "arbiter/common/launch_config.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/stages.h"
 #include "arbiter/common/status.h"
@@ -50,9 +51,9 @@ using common::Result;
 using common::Status;
 
 inline constexpr std::uint64_t kSlotAlignment = 128;
-// Grid blocks the barrier flags have room for; launch_config caps the grid
-// here.
-inline constexpr std::uint32_t kMaxGridBlocks = 2048;
+// Grid blocks the barrier flags have room for: the launch configuration
+// never exceeds it.
+using common::kMaxGridBlocks;
 // One slot's largest size: vector indices within a slot fit in 32 bits.
 inline constexpr std::uint64_t kMaxSlotBytes = std::uint64_t{1} << 32;
 // World sizes the kernels are instantiated for.
