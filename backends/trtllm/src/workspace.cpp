@@ -14,18 +14,16 @@
 #include "workspace.h"
 
 #include <cuda_runtime_api.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
+#include "arbiter/common/gpu_share.h"
 #include "arbiter/common/numeric.h"
 #include "launch.h"
 
@@ -38,36 +36,6 @@ using common::Status;
 
 constexpr std::uint32_t kHelloMagic = 0x54524c4cu;  // "TRLL"; bump with the layout
 constexpr std::size_t kReasonBytes = 240;
-// Cluster sizes whose residency is queried: 2, 4, 8 (index log2 - 1).
-constexpr int kClusterSizes = 3;
-
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// The same for every process on this host (the kernel's boot id; the host
-// name where that cannot be read): peers with another value are on another
-// host, which CUDA IPC cannot reach.
-std::uint64_t host_identity() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (in >> id && !id.empty()) return fnv1a("boot:" + id);
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return fnv1a(std::string("host:") + name);
-}
-
-// Different for every process, a fork included (the pid is mixed in at
-// every call): peers with the same value share this address space.
-std::uint64_t process_identity() {
-  static const std::uint64_t salt = [] {
-    std::random_device random;
-    return (std::uint64_t{random()} << 32) ^ random();
-  }();
-  return salt ^ (static_cast<std::uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull);
-}
 
 struct Hello {
   std::uint32_t magic;
@@ -76,13 +44,11 @@ struct Hello {
   std::uint64_t process;
   std::int32_t device;
   std::uint32_t capability;
-  unsigned char uuid[16];
+  common::GpuShare gpu;
   std::uint32_t world_size;
   std::int32_t dtype;
   std::uint64_t message_capacity;
   std::uint64_t total_bytes;
-  std::uint32_t sm_count;
-  std::uint32_t clusters[kClusterSizes];  // resident clusters of 2, 4, 8 CTAs
   std::uint64_t base;
   cudaIpcMemHandle_t handle;
   char reason[kReasonBytes];
@@ -128,24 +94,12 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
   hello.message_capacity = ws.layout.message_capacity;
   hello.total_bytes = ws.layout.total_bytes;
 
-  cudaDeviceProp prop{};
-  if (cudaError_t e = cudaGetDeviceProperties(&prop, spec.device); e != cudaSuccess) {
-    return Status(ARBITER_UNAVAILABLE,
-                  cuda_message("cudaGetDeviceProperties(" + std::to_string(spec.device) + ")", e));
+  if (Status s =
+          common::describe_gpu(spec.device, query_max_active_clusters, &ws.capability, &hello.gpu);
+      !s.ok()) {
+    return s;
   }
-  ws.capability = static_cast<std::uint32_t>(prop.major * 10 + prop.minor);
   hello.capability = ws.capability;
-  std::memcpy(hello.uuid, &prop.uuid, sizeof hello.uuid);
-  hello.sm_count = static_cast<std::uint32_t>(prop.multiProcessorCount);
-  for (int i = 0; i < kClusterSizes; ++i) {
-    int clusters = 0;
-    // A cluster size the device cannot launch counts as none resident.
-    if (query_max_active_clusters(2u << i, &clusters) != cudaSuccess) {
-      cudaGetLastError();
-      clusters = 0;
-    }
-    hello.clusters[i] = static_cast<std::uint32_t>(std::max(clusters, 0));
-  }
 
   void* base = nullptr;
   if (cudaError_t e = cudaMalloc(&base, ws.layout.total_bytes); e != cudaSuccess) {
@@ -207,7 +161,8 @@ Status check_group(const std::vector<Hello>& all) {
                                              ", rank 0 has " + std::to_string(a.capability));
     }
     for (std::size_t q = 0; q < r; ++q) {
-      if (std::memcmp(all[q].uuid, b.uuid, sizeof b.uuid) == 0 && all[q].process != b.process) {
+      if (std::memcmp(all[q].gpu.uuid, b.gpu.uuid, sizeof b.gpu.uuid) == 0 &&
+          all[q].process != b.process) {
         return Status(ARBITER_UNSUPPORTED,
                       "ranks " + std::to_string(q) + " and " + std::to_string(r) +
                           " use the same GPU from different processes; their kernels would not "
@@ -217,37 +172,6 @@ Status check_group(const std::vector<Hello>& all) {
     }
   }
   return Status();
-}
-
-// Every rank's share of its GPU, and the minimum over ranks: the limits all
-// ranks launch with. Ranks sharing a GPU (loopback) split it, so that every
-// rank's CTAs are resident at once.
-DeviceLimits agreed_limits(const std::vector<Hello>& all) {
-  std::uint32_t sm_share = ~0u;
-  std::uint32_t cluster_share[kClusterSizes];
-  std::fill(cluster_share, cluster_share + kClusterSizes, ~0u);
-  for (const Hello& h : all) {
-    std::uint32_t sharing = 0;
-    for (const Hello& other : all) {
-      sharing += std::memcmp(h.uuid, other.uuid, sizeof h.uuid) == 0 ? 1 : 0;
-    }
-    sm_share = std::min(sm_share, h.sm_count / sharing);
-    for (int i = 0; i < kClusterSizes; ++i) {
-      cluster_share[i] = std::min(cluster_share[i], h.clusters[i] / sharing);
-    }
-  }
-  DeviceLimits limits;
-  limits.sm_count = sm_share;
-  limits.max_threads_per_block = kMaxCtaThreads;
-  limits.resident_blocks_per_sm = 1;  // __launch_bounds__(1024, 1): one CTA per SM is certain
-  limits.active_clusters[0] = sm_share;
-  limits.max_cluster_size = 1;
-  // Sizes of which not even one cluster per rank fits are never launched.
-  for (int i = 0; i < kClusterSizes && cluster_share[i] >= 1; ++i) {
-    limits.active_clusters[i + 1] = cluster_share[i];
-    limits.max_cluster_size = 2u << i;
-  }
-  return limits;
 }
 
 // Maps peer `q` into this process.
@@ -317,8 +241,8 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   DeviceScope scope;
   Hello mine{};
   mine.magic = kHelloMagic;
-  mine.host = host_identity();
-  mine.process = process_identity();
+  mine.host = common::host_identity();
+  mine.process = common::process_identity();
   mine.device = spec.device;
   Status local = check_spec(oob, spec);
   if (local.ok()) {
@@ -371,7 +295,9 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     unmap_and_free(ws);
     return s;
   }
-  ws.limits = agreed_limits(hellos);
+  std::vector<common::GpuShare> gpus;
+  for (const Hello& h : hellos) gpus.push_back(h.gpu);
+  ws.limits = common::agreed_limits(gpus);
   return Status();
 }
 

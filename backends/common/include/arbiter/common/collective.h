@@ -56,4 +56,20 @@ inline Status exchange_failed(const arbiter_oob& oob, const char* what, std::int
                 std::string("oob ") + what + " failed: " + (m != nullptr ? m : "(no message)"));
 }
 
+// One agreement round: every rank all-gathers its local status, and all
+// return the same verdict (verdict() above). Collective.
+inline Status agree(const arbiter_oob& oob, const Status& local, std::int64_t timeout_ms) {
+  struct Outcome {
+    std::int32_t status;
+    char reason[240];
+  } mine{local.code(), {}};
+  put_reason(mine, local.message());
+  std::vector<Outcome> all(static_cast<std::size_t>(oob.size));
+  if (const std::int32_t rc = oob.allgather(oob.ctx, &mine, all.data(), sizeof mine, timeout_ms);
+      rc != ARBITER_OK) {
+    return exchange_failed(oob, "allgather", rc);
+  }
+  return verdict(all, oob.rank);
+}
+
 }  // namespace arbiter::common

@@ -4,7 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
+
+#include "arbiter/common/gpu_share.h"
+#include "arbiter/common/status.h"
 
 namespace arbiter::common {
 
@@ -44,6 +50,31 @@ inline cudaError_t device_capability(int device, unsigned* capability) {
     e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (e == cudaSuccess) *capability = static_cast<unsigned>(major * 10 + minor);
   return e;
+}
+
+// This rank's GPU: its capability and its GpuShare, with the resident
+// clusters asked of `query` (a module's cudaOccupancyMaxActiveClusters for
+// its kernels' footprint). A size the device cannot launch counts as none.
+inline Status describe_gpu(int device, cudaError_t (*query)(std::uint32_t, int*),
+                           std::uint32_t* capability, GpuShare* share) {
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_UNAVAILABLE,
+                  cuda_message("cudaGetDeviceProperties(" + std::to_string(device) + ")", e));
+  }
+  *capability = static_cast<std::uint32_t>(prop.major * 10 + prop.minor);
+  std::memcpy(share->uuid, &prop.uuid, sizeof share->uuid);
+  share->sm_count = static_cast<std::uint32_t>(prop.multiProcessorCount);
+  for (int i = 0; i < kClusterSizesQueried; ++i) {
+    int clusters = 0;
+    if (query(2u << i, &clusters) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    share->clusters[i] = static_cast<std::uint32_t>(std::max(clusters, 0));
+  }
+  return Status();
 }
 
 }  // namespace arbiter::common
