@@ -11,11 +11,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <exception>
-#include <new>
 #include <string>
 
-#include "arbiter/common/arch_coverage.h"
+#include "arbiter/common/abi_entry.h"
 #include "arbiter/common/cuda_host.h"
 #include "arbiter/common/status.h"
 #include "arbiter/trtllm/guards.h"
@@ -42,12 +40,7 @@ constexpr std::uint32_t kDtypeMask =
 
 thread_local std::string t_last_error;
 
-std::int32_t report(const Status& s) {
-  if (!s.ok()) {
-    t_last_error = s.message().rfind("trtllm", 0) == 0 ? s.message() : "trtllm: " + s.message();
-  }
-  return s.code();
-}
+std::int32_t report(const Status& s) { return common::report(t_last_error, "trtllm", s); }
 
 std::uint32_t patterns_for(std::uint32_t capability) {
   std::uint32_t mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
@@ -57,49 +50,15 @@ std::uint32_t patterns_for(std::uint32_t capability) {
   return mask;
 }
 
-Status probe_device(const arbiter_probe_args& args, std::uint32_t* capability) {
-  if (args.device_kind != ARBITER_DEVICE_GPU) {
-    return Status(ARBITER_UNAVAILABLE, "serves GPU ranks only");
-  }
-  int driver = 0;
-  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
-    return Status(ARBITER_UNAVAILABLE, "no CUDA driver (cudaDriverGetVersion reports none)");
-  }
-  int count = 0;  // left unchanged by a failing cudaGetDeviceCount
-  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    cudaGetLastError();
-    return Status(ARBITER_UNAVAILABLE, cuda_message("no CUDA device", e));
-  }
-  if (args.device < 0 || args.device >= count) {
-    return Status(ARBITER_UNAVAILABLE, "no CUDA device " + std::to_string(args.device) + ": " +
-                                           std::to_string(count) + " visible");
-  }
-  unsigned cap = 0;
-  if (const cudaError_t e = common::device_capability(args.device, &cap); e != cudaSuccess) {
-    return Status(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceGetAttribute", e));
-  }
-  if (cap < kMinCapability) {
-    return Status(ARBITER_UNAVAILABLE, "needs capability >= 90 (thread block clusters); device " +
-                                           std::to_string(args.device) + " has " +
-                                           std::to_string(cap));
-  }
-  if (!common::kernel_built_for(cap, ARBITER_TRTLLM_KERNEL_ARCHS)) {
-    return Status(ARBITER_UNAVAILABLE,
-                  "this build's kernels are for " + std::string(ARBITER_TRTLLM_KERNEL_ARCHS) +
-                      "; device " + std::to_string(args.device) + " has capability " +
-                      std::to_string(cap) +
-                      " (rebuild with -DARBITER_CUDA_ARCHITECTURES including it)");
-  }
-  *capability = cap;
-  return Status();
-}
-
 std::int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
   if (args == nullptr || caps == nullptr) {
     return report(Status(ARBITER_INVALID_ARGUMENT, "probe: args and caps must not be NULL"));
   }
   std::uint32_t capability = 0;
-  if (Status s = probe_device(*args, &capability); !s.ok()) return report(s);
+  if (Status s = common::probe_gpu(*args, kMinCapability, ARBITER_TRTLLM_KERNEL_ARCHS, &capability);
+      !s.ok()) {
+    return report(s);
+  }
   *caps = arbiter_backend_caps{};
   caps->device_kind = ARBITER_DEVICE_GPU;
   caps->capability = capability;
@@ -203,19 +162,7 @@ std::uint64_t max_message_bytes_impl(const arbiter_workspace* ws, arbiter_algori
 
 template <typename F>
 std::int32_t guarded(F&& f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    t_last_error = "trtllm: out of host memory";
-  } catch (const std::exception& e) {
-    try {
-      t_last_error = std::string("trtllm: unexpected exception: ") + e.what();
-    } catch (...) {
-    }
-  } catch (...) {
-    t_last_error = "trtllm: unexpected exception";
-  }
-  return ARBITER_INTERNAL;
+  return common::guarded(t_last_error, "trtllm", f);
 }
 
 std::int32_t abi_probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {

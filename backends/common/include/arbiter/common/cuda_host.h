@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/gpu_share.h"
 #include "arbiter/common/status.h"
 
@@ -74,6 +75,46 @@ inline Status describe_gpu(int device, cudaError_t (*query)(std::uint32_t, int*)
     }
     share->clusters[i] = static_cast<std::uint32_t>(std::max(clusters, 0));
   }
+  return Status();
+}
+
+// probe() of a GPU module: a driver, the device, capability >= min, and
+// kernels built for it (`archs`: the module's CUDA architectures joined by
+// ','). Fills *capability; the Status says which of them is missing.
+inline Status probe_gpu(const arbiter_probe_args& args, std::uint32_t min_capability,
+                        const char* archs, std::uint32_t* capability) {
+  if (args.device_kind != ARBITER_DEVICE_GPU) {
+    return Status(ARBITER_UNAVAILABLE, "serves GPU ranks only");
+  }
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    return Status(ARBITER_UNAVAILABLE, "no CUDA driver (cudaDriverGetVersion reports none)");
+  }
+  int count = 0;  // left unchanged by a failing cudaGetDeviceCount
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_UNAVAILABLE, cuda_message("no CUDA device", e));
+  }
+  if (args.device < 0 || args.device >= count) {
+    return Status(ARBITER_UNAVAILABLE, "no CUDA device " + std::to_string(args.device) + ": " +
+                                           std::to_string(count) + " visible");
+  }
+  unsigned cap = 0;
+  if (const cudaError_t e = device_capability(args.device, &cap); e != cudaSuccess) {
+    return Status(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceGetAttribute", e));
+  }
+  if (cap < min_capability) {
+    return Status(ARBITER_UNAVAILABLE, "needs capability >= " + std::to_string(min_capability) +
+                                           "; device " + std::to_string(args.device) + " has " +
+                                           std::to_string(cap));
+  }
+  if (!kernel_built_for(cap, archs)) {
+    return Status(ARBITER_UNAVAILABLE,
+                  "this build's kernels are for " + std::string(archs) + "; device " +
+                      std::to_string(args.device) + " has capability " + std::to_string(cap) +
+                      " (rebuild with -DARBITER_CUDA_ARCHITECTURES including it)");
+  }
+  *capability = cap;
   return Status();
 }
 
