@@ -41,6 +41,7 @@
 #include "arbiter/common/host_device.h"
 #include "arbiter/common/launch_config.h"
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/size_math.h"
 #include "arbiter/common/stages.h"
 #include "arbiter/common/status.h"
 #include "arbiter_backend.h"
@@ -115,22 +116,9 @@ enum class LayoutError {
 
 namespace detail {
 
-// a * b, or false when it does not fit in 64 bits.
-ARBITER_HD constexpr bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
-  if (a != 0 && b > ~std::uint64_t{0} / a) return false;
-  *out = a * b;
-  return true;
-}
-
-ARBITER_HD constexpr bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
-  if (b > ~std::uint64_t{0} - a) return false;
-  *out = a + b;
-  return true;
-}
-
-ARBITER_HD constexpr std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;  // REQUIRES: no overflow
-}
+using common::checked_add;
+using common::checked_mul;
+using common::round_up;
 
 }  // namespace detail
 

@@ -1,0 +1,188 @@
+// C entry points of the mnnvl backend (libarbiter-mnnvl.so): fused
+// all-reduce + residual + RMSNorm (+ FP8 / NVFP4) across the GPUs of one
+// NVLink domain, one node or several (GB200/GB300 NVL72), through a
+// multicast mapping; one-shot or two-shot.
+//
+// run() checks the call on the host (guards.h), picks the launch shape
+// (arbiter/common/launch_config.h) and enqueues one kernel: no allocation,
+// no synchronisation, capturable in CUDA graphs. Every rank must make the
+// same calls in the same order with the same shapes.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "arbiter/common/abi_entry.h"
+#include "arbiter/common/cuda/epilogue_params.h"
+#include "arbiter/common/cuda_host.h"
+#include "arbiter/common/launch_config.h"
+#include "arbiter/common/status.h"
+#include "arbiter/mnnvl/guards.h"
+#include "arbiter_backend.h"
+#include "driver_api.h"
+#include "kernels.h"
+#include "workspace.h"
+
+#ifndef ARBITER_MNNVL_KERNEL_ARCHS
+#define ARBITER_MNNVL_KERNEL_ARCHS ""
+#endif
+
+namespace arbiter::mnnvl {
+namespace {
+
+using common::Status;
+
+// Multicast (multimem), clusters and griddepcontrol need SM90.
+constexpr std::uint32_t kMinCapability = 90;
+// ABI v1 can say world sizes up to 63 (bit w of a 64-bit mask); the kernels
+// take 64 too.
+constexpr std::uint64_t kWorldSizeMask = ~std::uint64_t{3};
+constexpr std::uint32_t kDtypeMask =
+    (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
+
+thread_local std::string t_last_error;
+
+std::int32_t report(const Status& s) { return common::report(t_last_error, "mnnvl", s); }
+
+std::int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  if (args == nullptr || caps == nullptr) {
+    return report(Status(ARBITER_INVALID_ARGUMENT, "probe: args and caps must not be NULL"));
+  }
+  std::uint32_t capability = 0;
+  if (Status s = common::probe_gpu(*args, kMinCapability, ARBITER_MNNVL_KERNEL_ARCHS, &capability);
+      !s.ok()) {
+    return report(s);
+  }
+  const DriverApi* api = nullptr;
+  if (Status s = driver_api(&api); !s.ok()) return report(s);
+  *caps = arbiter_backend_caps{};
+  caps->device_kind = ARBITER_DEVICE_GPU;
+  caps->capability = capability;
+  caps->world_size_mask = kWorldSizeMask;
+  caps->dtype_mask = kDtypeMask;
+  caps->pattern_mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
+                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
+                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
+  if (capability >= common::kMinNvfp4Capability) {
+    caps->pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+  }
+  caps->algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
+  caps->flags = ARBITER_CAPS_NEEDS_MULTICAST | ARBITER_CAPS_NEEDS_NVLINK;
+  return ARBITER_OK;
+}
+
+std::int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                         arbiter_workspace** out) {
+  if (out == nullptr) return report(Status(ARBITER_INVALID_ARGUMENT, "out is NULL"));
+  *out = nullptr;
+  if (oob == nullptr || spec == nullptr || oob->allgather == nullptr || oob->barrier == nullptr ||
+      oob->broadcast == nullptr) {
+    return report(Status(ARBITER_INVALID_ARGUMENT, "oob, its functions and spec must not be NULL"));
+  }
+  auto* ws = new arbiter_workspace();
+  if (Status s = create_workspace(*oob, *spec, *ws); !s.ok()) {
+    delete ws;
+    return report(s);
+  }
+  *out = ws;
+  return ARBITER_OK;
+}
+
+std::int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+  if (ws == nullptr) return report(Status(ARBITER_INVALID_ARGUMENT, "workspace is NULL"));
+  if (Status s = check_call(ws->layout, args, ws->capability); !s.ok()) return report(s);
+  const arbiter_allreduce_args& a = *args;
+
+  common::LaunchRequest request;
+  request.tokens = a.tokens;
+  request.hidden = a.hidden;
+  request.dtype = a.dtype;
+  request.world_size = ws->world_size;
+  request.algorithm = a.algorithm;
+  request.pattern = a.pattern;
+  const common::Result<common::LaunchConfig> chosen =
+      common::choose_launch_config(request, ws->limits);
+  if (!chosen.ok()) return report(chosen.status());
+  const common::LaunchConfig& config = chosen.value();
+
+  KernelParams p;
+  for (std::uint32_t q = 0; q < ws->world_size; ++q) p.peers[q] = ws->peers[q];
+  p.multicast = ws->multicast;
+  p.control = reinterpret_cast<ControlBlock*>(ws->peers[ws->rank] + ws->layout.control_offset);
+  p.rank = ws->rank;
+  p.world_size = ws->world_size;
+  p.tokens = a.tokens;
+  p.buffers_offset = ws->layout.buffers_offset;
+  p.buffer_bytes = ws->layout.buffer_bytes;
+  p.broadcast_offset = ws->layout.scatter_bytes;
+  p.spin_timeout_ns = ws->spin_timeout_ns;
+  p.input = a.input;
+  p.epilogue = common::make_epilogue_params(a, config.threads_per_token, config.cluster_size);
+
+  common::LaunchShape shape;
+  shape.grid_blocks = config.grid_blocks;
+  shape.cta_threads = config.cta_threads;
+  shape.cluster_size = config.cluster_size;
+  shape.pdl = (a.flags & ARBITER_RUN_PDL) != 0;
+
+  common::DeviceScope scope;
+  if (const cudaError_t e = scope.use(ws->device); e != cudaSuccess) {
+    return report(Status(ARBITER_INTERNAL, common::cuda_message("cudaSetDevice", e)));
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t e = a.algorithm == ARBITER_ALGORITHM_ONESHOT
+                            ? launch_oneshot(p, a.dtype, a.pattern, shape, s)
+                            : launch_twoshot(p, a.dtype, a.pattern, shape, s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return report(Status(ARBITER_INTERNAL, common::cuda_message("kernel launch", e)));
+  }
+  return ARBITER_OK;
+}
+
+template <typename F>
+std::int32_t guarded(F&& f) {
+  return common::guarded(t_last_error, "mnnvl", f);
+}
+
+std::int32_t abi_probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+  return guarded([&] { return probe_impl(args, caps); });
+}
+
+std::int32_t abi_workspace_create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                                  arbiter_workspace** out) {
+  return guarded([&] { return create_impl(oob, spec, out); });
+}
+
+std::uint64_t abi_max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
+  return ws == nullptr ? 0 : per_call_capacity(ws->layout, algorithm);
+}
+
+std::int32_t abi_run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+  return guarded([&] { return run_impl(ws, args, stream); });
+}
+
+void abi_workspace_destroy(arbiter_workspace* ws) {
+  if (ws == nullptr) return;
+  guarded([&] {
+    destroy_workspace(*ws);
+    return ARBITER_OK;
+  });
+  delete ws;
+}
+
+const char* abi_last_error() { return t_last_error.c_str(); }
+
+}  // namespace
+}  // namespace arbiter::mnnvl
+
+extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 = {
+    ARBITER_BACKEND_ABI_VERSION,
+    "mnnvl",
+    arbiter::mnnvl::abi_probe,
+    arbiter::mnnvl::abi_workspace_create,
+    arbiter::mnnvl::abi_max_message_bytes,
+    arbiter::mnnvl::abi_run,
+    arbiter::mnnvl::abi_workspace_destroy,
+    arbiter::mnnvl::abi_last_error,
+};

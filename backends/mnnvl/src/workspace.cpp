@@ -1,0 +1,345 @@
+// Collective creation and destruction of mnnvl workspaces.
+//
+// Every rank all-gathers a Hello (status, host, process, GPU and its share,
+// layout, what the device says of fabric handles and multicast), and every
+// rank reaches the same plan from the same Hellos:
+//  - all ranks in this process: loopback mode. Each rank's memory is a plain
+//    allocation, peers are used through their pointers, and there is no
+//    multicast mapping (the kernels store to each peer in turn);
+//  - otherwise the driver-API path (vmm.cpp): FABRIC handles when every rank
+//    supports them, POSIX file descriptors when every rank shares a host,
+//    and a multicast object. Multicast is then checked by use, not trusted
+//    from the device attribute (it lied on bridged H100/H200 NVL pairs): each
+//    rank stores a pattern through the multicast mapping and every rank
+//    checks its own copy holds every rank's pattern, AND-reduced.
+// The buffers start as the sentinel word and every rank waits for that
+// before the last agreement round, so no first call can see stale bytes.
+#include "workspace.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "arbiter/common/collective.h"
+#include "arbiter/common/cuda_host.h"
+#include "arbiter/common/gpu_share.h"
+#include "driver_api.h"
+#include "kernels.h"
+#include "vmm.h"
+
+namespace arbiter::mnnvl {
+namespace {
+
+using common::cuda_message;
+using common::DeviceScope;
+using common::Status;
+
+constexpr std::uint32_t kHelloMagic = 0x4d4e564cu;  // "MNVL"; bump with the layout
+constexpr std::uint32_t kProbeMagic = 0x6d637374u;
+
+struct Hello {
+  std::uint32_t magic;
+  std::int32_t status;
+  std::uint64_t host;
+  std::uint64_t process;
+  std::int32_t device;
+  std::uint32_t capability;
+  common::GpuShare gpu;
+  std::uint32_t world_size;
+  std::int32_t dtype;
+  std::uint64_t message_capacity;
+  std::uint64_t total_bytes;
+  std::uint32_t fabric;     // the device supports FABRIC handles
+  std::uint32_t multicast;  // the device says it supports multicast
+  std::uint64_t base;       // loopback: this rank's allocation
+  char reason[240];
+};
+
+Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
+  if (spec.world_size != oob.size || spec.rank != oob.rank) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "spec says rank " + std::to_string(spec.rank) + " of " +
+                      std::to_string(spec.world_size) + ", the oob group says rank " +
+                      std::to_string(oob.rank) + " of " + std::to_string(oob.size));
+  }
+  if (oob.size < 2 || oob.size > static_cast<std::int32_t>(kMaxRanks)) {
+    return Status(ARBITER_UNSUPPORTED,
+                  "world size " + std::to_string(oob.size) + " is outside 2..64");
+  }
+  if (spec.device < 0) {
+    return Status(ARBITER_INVALID_ARGUMENT, "spec.device is " + std::to_string(spec.device) +
+                                                "; mnnvl needs a CUDA ordinal (LOCAL_RANK)");
+  }
+  return Status();
+}
+
+// Fills the device-dependent parts of `hello`.
+Status describe(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello& hello) {
+  auto layout = make_workspace_layout(spec.world_size, spec.max_message_bytes, spec.dtype,
+                                      spec.max_tokens, spec.hidden);
+  if (!layout.ok()) return layout.status();
+  ws.layout = layout.value();
+  hello.world_size = ws.layout.world_size;
+  hello.dtype = ws.layout.dtype;
+  hello.message_capacity = ws.layout.message_capacity;
+  hello.total_bytes = ws.layout.total_bytes;
+  if (Status s =
+          common::describe_gpu(spec.device, query_max_active_clusters, &ws.capability, &hello.gpu);
+      !s.ok()) {
+    return s;
+  }
+  hello.capability = ws.capability;
+  // What the device says; multicast is then checked by use.
+  const DriverApi* api = nullptr;
+  CUdevice device = 0;
+  if (driver_api(&api).ok() && api->device_get(&device, spec.device) == CUDA_SUCCESS) {
+    int value = 0;
+    if (api->device_get_attribute(&value, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, device) ==
+        CUDA_SUCCESS) {
+      hello.multicast = value != 0 ? 1 : 0;
+    }
+    value = 0;
+    if (api->device_get_attribute(&value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+                                  device) == CUDA_SUCCESS) {
+      hello.fabric = value != 0 ? 1 : 0;
+    }
+  }
+  return Status();
+}
+
+Status check_group(const std::vector<Hello>& all) {
+  const Hello& a = all[0];
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const Hello& b = all[r];
+    const std::string rank = "rank " + std::to_string(r);
+    if (b.magic != kHelloMagic) {
+      return Status(ARBITER_INVALID_ARGUMENT, rank + " runs a different build of this module");
+    }
+    if (b.world_size != a.world_size || b.dtype != a.dtype ||
+        b.message_capacity != a.message_capacity || b.total_bytes != a.total_bytes) {
+      return Status(ARBITER_INVALID_ARGUMENT,
+                    "ranks disagree on the workspace (world size, dtype, message capacity): "
+                    "rank 0 and " +
+                        rank + " were given different specs");
+    }
+    if (b.capability != a.capability) {
+      return Status(ARBITER_UNSUPPORTED, rank + " has capability " + std::to_string(b.capability) +
+                                             ", rank 0 has " + std::to_string(a.capability));
+    }
+  }
+  return Status();
+}
+
+bool all_in_one_process(const std::vector<Hello>& all) {
+  return std::all_of(all.begin(), all.end(),
+                     [&](const Hello& h) { return h.process == all[0].process; });
+}
+
+// How ranks in different processes share memory, or why they cannot.
+Status choose_handles(const std::vector<Hello>& all, HandleKind* kind) {
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].process == all[0].process && r != 0) {
+      return Status(ARBITER_UNSUPPORTED,
+                    "ranks 0 and " + std::to_string(r) +
+                        " share a process but others do not; run one rank per process, or "
+                        "every rank in one process (loopback)");
+    }
+    if (!all[r].multicast) {
+      return Status(ARBITER_UNAVAILABLE, "rank " + std::to_string(r) +
+                                             "'s GPU does not support multicast (NVLink SHARP); "
+                                             "use trtllm on one node or nccl");
+    }
+  }
+  const bool fabric = std::all_of(all.begin(), all.end(), [](const Hello& h) { return h.fabric; });
+  const bool one_host =
+      std::all_of(all.begin(), all.end(), [&](const Hello& h) { return h.host == all[0].host; });
+  if (fabric) {
+    *kind = HandleKind::kFabric;
+  } else if (one_host) {
+    *kind = HandleKind::kPosixFd;
+  } else {
+    return Status(ARBITER_UNAVAILABLE,
+                  "the ranks span hosts but not every GPU supports FABRIC handles (is the IMEX "
+                  "service running and the NVLink domain configured?)");
+  }
+  return Status();
+}
+
+// Zeroes this rank's memory and fills the buffers with the sentinel; waits.
+Status initialise(arbiter_workspace& ws) {
+  cudaStream_t stream = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  char* self = ws.peers[ws.rank];
+  if (e == cudaSuccess) e = cudaMemsetAsync(self, 0, ws.layout.buffers_offset, stream);
+  if (e == cudaSuccess) {
+    e = launch_fill_sentinel(self + ws.layout.buffers_offset, 3 * ws.layout.buffer_bytes, stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_INTERNAL, cuda_message("initialising the workspace", e));
+  }
+  return Status();
+}
+
+// Every rank stores its pattern through the multicast mapping; every rank
+// then finds every rank's pattern in its own copy. Restores the sentinel.
+Status probe_multicast(const arbiter_oob& oob, arbiter_workspace& ws) {
+  const std::int64_t timeout = ws.timeout_ms;
+  Status local;
+  cudaError_t e = launch_multicast_probe(ws.multicast + ws.layout.buffers_offset, ws.rank,
+                                         kProbeMagic, nullptr);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    local = Status(ARBITER_UNAVAILABLE, cuda_message("a store through the multicast mapping", e));
+  }
+  // Every rank has stored (and waited for its store) before anyone reads.
+  if (Status s = common::agree(oob, local, timeout); !s.ok()) return s;
+  std::vector<std::uint32_t> seen(4 * ws.world_size);
+  e = cudaMemcpy(seen.data(), ws.peers[ws.rank] + ws.layout.buffers_offset,
+                 seen.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    local = Status(ARBITER_INTERNAL, cuda_message("reading the multicast probe back", e));
+  }
+  for (std::uint32_t q = 0; q < ws.world_size && local.ok(); ++q) {
+    const std::uint32_t* w = &seen[4 * q];
+    if (w[0] != kProbeMagic || w[1] != q || w[2] != ~kProbeMagic || w[3] != ~q) {
+      local = Status(ARBITER_UNAVAILABLE,
+                     "multicast does not work here: rank " + std::to_string(q) +
+                         "'s store through the multicast address did not reach rank " +
+                         std::to_string(ws.rank) +
+                         " (the device attribute promised it; bridged NVL pairs are known to "
+                         "do this). Use trtllm or nccl");
+    }
+  }
+  if (local.ok()) {
+    e = launch_fill_sentinel(ws.peers[ws.rank] + ws.layout.buffers_offset, 16 * ws.world_size,
+                             nullptr);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) local = Status(ARBITER_INTERNAL, cuda_message("after the probe", e));
+  }
+  return common::agree(oob, local, timeout);
+}
+
+void release(arbiter_workspace& ws) {
+  if (ws.loopback) {
+    if (ws.loopback_base != nullptr) cudaFree(ws.loopback_base);
+    ws.loopback_base = nullptr;
+    for (char*& p : ws.peers) p = nullptr;
+    cudaGetLastError();
+    return;
+  }
+  const DriverApi* api = nullptr;
+  if (driver_api(&api).ok()) release_memory(*api, ws);
+}
+
+}  // namespace
+
+Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                        arbiter_workspace& ws) {
+  ws.oob = oob;
+  ws.timeout_ms = spec.timeout_ms;
+  ws.device = spec.device;
+  ws.rank = static_cast<std::uint32_t>(oob.rank);
+  ws.world_size = static_cast<std::uint32_t>(oob.size);
+  ws.spin_timeout_ns =
+      spec.timeout_ms <= 0
+          ? 0
+          : static_cast<std::uint64_t>(std::max<std::int64_t>(spec.timeout_ms, 1000)) * 1000000ull;
+
+  DeviceScope scope;
+  Hello mine{};
+  mine.magic = kHelloMagic;
+  mine.host = common::host_identity();
+  mine.process = common::process_identity();
+  mine.device = spec.device;
+  Status local = check_spec(oob, spec);
+  if (local.ok()) {
+    if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
+      local = Status(ARBITER_UNAVAILABLE,
+                     cuda_message("cudaSetDevice(" + std::to_string(spec.device) + ")", e));
+    }
+  }
+  if (local.ok()) local = describe(spec, ws, mine);
+  mine.status = local.code();
+  common::put_reason(mine, local.message());
+  std::vector<Hello> hellos(oob.size);
+  if (const std::int32_t rc =
+          oob.allgather(oob.ctx, &mine, hellos.data(), sizeof(Hello), spec.timeout_ms);
+      rc != ARBITER_OK) {
+    return common::exchange_failed(oob, "allgather", rc);
+  }
+  Status s = common::verdict(hellos, oob.rank);
+  if (s.ok()) s = check_group(hellos);
+  if (!s.ok()) return s;
+
+  ws.loopback = all_in_one_process(hellos);
+  if (ws.loopback) {
+    void* base = nullptr;
+    if (cudaError_t e = cudaMalloc(&base, ws.layout.total_bytes); e != cudaSuccess) {
+      cudaGetLastError();
+      local = Status(ARBITER_UNAVAILABLE,
+                     cuda_message("cudaMalloc(" + std::to_string(ws.layout.total_bytes) + ")", e));
+    } else {
+      ws.loopback_base = static_cast<char*>(base);
+    }
+    // Pointers of every virtual rank: one more all-gather, after allocation.
+    const std::uint64_t mine_base = reinterpret_cast<std::uintptr_t>(ws.loopback_base);
+    std::vector<std::uint64_t> bases(oob.size);
+    if (Status a = common::agree(oob, local, spec.timeout_ms); !a.ok()) {
+      release(ws);
+      return a;
+    }
+    if (const std::int32_t rc =
+            oob.allgather(oob.ctx, &mine_base, bases.data(), sizeof mine_base, spec.timeout_ms);
+        rc != ARBITER_OK) {
+      release(ws);
+      return common::exchange_failed(oob, "allgather", rc);
+    }
+    for (std::uint32_t q = 0; q < ws.world_size; ++q) {
+      ws.peers[q] = reinterpret_cast<char*>(static_cast<std::uintptr_t>(bases[q]));
+    }
+  } else {
+    HandleKind kind = HandleKind::kFabric;
+    if (s = choose_handles(hellos, &kind); !s.ok()) return s;
+    const DriverApi* api = nullptr;
+    local = driver_api(&api);
+    if (Status a = common::agree(oob, local, spec.timeout_ms); !a.ok()) return a;
+    if (s = map_memory(oob, *api, kind, ws.layout.total_bytes, ws); !s.ok()) {
+      release(ws);
+      return s;
+    }
+  }
+  local = initialise(ws);
+  if (s = common::agree(oob, local, spec.timeout_ms); s.ok() && !ws.loopback) {
+    s = probe_multicast(oob, ws);
+  }
+  if (!s.ok()) {
+    release(ws);
+    return s;
+  }
+  std::vector<common::GpuShare> gpus;
+  for (const Hello& h : hellos) gpus.push_back(h.gpu);
+  ws.limits = common::agreed_limits(gpus);
+  return Status();
+}
+
+void destroy_workspace(arbiter_workspace& ws) {
+  DeviceScope scope;
+  scope.use(ws.device);
+  // This rank's kernels are done, then every rank's: nobody stores into any
+  // workspace of the group any more.
+  cudaDeviceSynchronize();
+  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
+  release(ws);
+  // Nobody frees before every rank has unmapped (imported handles keep the
+  // memory alive anyway; loopback peers are plain pointers).
+  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
+}
+
+}  // namespace arbiter::mnnvl
