@@ -4,6 +4,11 @@
 
 #include "cli.h"
 
+namespace arbiter::cli {
+int cmd_tune(const Args& args);  // cmd_tune.cpp
+int cmd_plot(const Args& args);  // cmd_plot.cpp
+}  // namespace arbiter::cli
+
 namespace {
 
 constexpr const char* kUsage =
@@ -17,6 +22,8 @@ constexpr const char* kUsage =
     "  diff      which decisions differ between two tables\n"
     "  launch    start N local ranks of a program (RANK, WORLD_SIZE, MASTER_ADDR, ...)\n"
     "  plugins   backend modules found, and available or why not (--json)\n"
+    "  tune      caps, regret and a site overlay from benchmark results (CSV)\n"
+    "  plot      latency charts (SVG) from benchmark results, with the tables' decisions\n"
     "\n"
     "Run `arbiter COMMAND --help` for a command's options.\n"
     "Environment: ARBITER_CONFIG (site tables, ':'-separated),\n"
@@ -41,6 +48,8 @@ int main(int argc, char** argv) {
     if (command == "diff") return cmd_diff(args);
     if (command == "launch") return cmd_launch(args);
     if (command == "plugins") return cmd_plugins(args);
+    if (command == "tune") return cmd_tune(args);
+    if (command == "plot") return cmd_plot(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::cout << kUsage;
       return kExitOk;

@@ -1,0 +1,247 @@
+// The overlay `arbiter tune` writes: cells keyed so that a measurement
+// changes only what it measured, a file the validator accepts without a
+// warning, and provenance that says where the numbers came from.
+#define BOOST_TEST_MODULE tuning_overlay
+#include <boost/test/unit_test.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "arbiter/size.h"
+#include "arbiter/tuning/overlay.h"
+#include "tune_data.h"
+
+using namespace arbiter;
+using namespace arbiter::tuning;
+using namespace arbiter::test;
+
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+Overlay overlay_of(const TuneData& data, double margin = 0) {
+  OverlayOptions options;
+  options.margin_pct = margin;
+  options.date = "2025-01-01";
+  return make_overlay(data.grouping.groups, data.files, options);
+}
+
+Decision decide(const Policy& p, std::uint32_t cap, std::uint32_t ws, std::uint32_t nodes,
+                Pattern pattern, std::uint64_t bytes, bool mnnvl_topology = false) {
+  Request r;
+  r.capability = Capability::sm(static_cast<std::uint16_t>(cap));
+  r.world_size = ws;
+  r.nodes = nodes;
+  r.nvlink_domain = true;
+  r.multicast = mnnvl_topology;
+  r.pattern = pattern;
+  r.message_bytes = bytes;
+  return p.decide(r);
+}
+
+// Every diagnostic of `yaml` validated as a site file, from a real file.
+std::vector<Diagnostic> validate_text(const std::string& yaml) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("arbiter_overlay_test_" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(path) << yaml;
+  std::vector<Diagnostic> d = validate_file(path.string(), /*over_default=*/true);
+  std::filesystem::remove(path);
+  return d;
+}
+
+std::string text_of(const std::vector<Diagnostic>& diagnostics) {
+  std::string s;
+  for (const Diagnostic& d : diagnostics) s += d.to_string() + "\n";
+  return s;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(crossover_cells_are_keyed_by_pattern) {
+  const auto data = load_fixtures({"crossover.csv"});
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.fusion.size() == 1u);
+  BOOST_TEST(o.fusion[0].capability.code() == 100);
+  BOOST_TEST(o.fusion[0].world_size == 4u);
+  BOOST_TEST(o.fusion[0].nodes == 0u);  // single node: no nodes key, like the defaults
+  BOOST_TEST((o.fusion[0].pattern == Pattern::kResidualRmsnorm));
+  BOOST_TEST(!o.fusion[0].off);
+  BOOST_TEST(o.fusion[0].bytes == 4 * kMiB);
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST(o.oneshot[0].bytes == 256 * kKiB);
+  BOOST_TEST(o.notes.empty());
+  BOOST_TEST(
+      contains(o.yaml,
+               "\nfusion:\n"
+               "  # capability 100, world size 4, 1 node, residual_rmsnorm\n"
+               "  # bf16 measured: fusion cap 4 MiB (fused lost at 8 MiB: 118 us against "
+               "100 us for nccl native unfused)\n"
+               "  - {capability: 100, world_size: 4, pattern: residual_rmsnorm, max: 4MiB}\n"),
+      o.yaml);
+  BOOST_TEST(contains(o.yaml,
+                      "\noneshot:\n  cells:\n"
+                      "    # capability 100, world size 4, 1 node, residual_rmsnorm\n"),
+             o.yaml);
+  BOOST_TEST(contains(o.yaml,
+                      "    - {capability: 100, world_size: 4, pattern: residual_rmsnorm, max: "
+                      "256KiB}\n"),
+             o.yaml);
+  BOOST_TEST(contains(o.yaml, "\nformat: 1\n"));
+}
+
+BOOST_AUTO_TEST_CASE(provenance_names_the_sources_device_date_and_margin) {
+  const auto data = load_fixtures({"crossover.csv", "noisy.csv"});
+  const Overlay o = overlay_of(*data, 2.5);
+  BOOST_TEST(contains(o.yaml, "provenance:\n  source: \"benchmark results "), o.yaml);
+  BOOST_TEST(contains(o.yaml, "crossover.csv, "), o.yaml);
+  BOOST_TEST(contains(o.yaml, "noisy.csv\"\n"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "  measured_on: \"NVIDIA B200; NVIDIA B300\"\n"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "  date: \"2025-08-01\"\n"), o.yaml);  // from `# date:`
+  BOOST_TEST(contains(o.yaml, "  tool: \"arbiter tune "), o.yaml);
+  BOOST_TEST(contains(o.yaml, "  notes: \"margin 2.5%: "), o.yaml);
+  BOOST_TEST(contains(o.yaml, "  driver: \"570.86\"\n"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "  nccl: \"2.26.2\"\n"), o.yaml);  // from `# nccl_version:`
+  const auto undated = load_fixtures({"noisy.csv"});
+  BOOST_TEST(contains(overlay_of(*undated).yaml, "  date: \"2025-01-01\"\n"));
+}
+
+BOOST_AUTO_TEST_CASE(the_overlay_validates_without_a_warning) {
+  const auto data =
+      load_fixtures({"crossover.csv", "noisy.csv", "no_baseline.csv", "skipped.csv", "dtypes.csv",
+                     "published_vllm22086_h100_tp2.csv", "gb300_ws16_vllm46392.csv"});
+  BOOST_TEST(data->grouping.refusals.empty());
+  for (double margin : {0.0, 5.0, 50.0}) {
+    BOOST_TEST_CONTEXT("margin " << margin) {
+      const Overlay o = overlay_of(*data, margin);
+      const std::vector<Diagnostic> d = validate_text(o.yaml);
+      BOOST_TEST(d.empty(), text_of(d) << o.yaml);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(one_patterns_measurement_leaves_the_others_alone) {
+  const auto data = load_fixtures({"crossover.csv"});
+  const Policy tuned = tables_with(overlay_of(*data).yaml);
+  const Policy defaults = tables_with();
+  const auto rms = Pattern::kResidualRmsnorm;
+  BOOST_TEST(decide(tuned, 100, 4, 1, rms, 4 * kMiB).fused);
+  BOOST_TEST((decide(tuned, 100, 4, 1, rms, 4 * kMiB).algorithm == Algorithm::kTwoshot));
+  BOOST_TEST((decide(tuned, 100, 4, 1, rms, 256 * kKiB).algorithm == Algorithm::kOneshot));
+  BOOST_TEST(!decide(tuned, 100, 4, 1, rms, 4 * kMiB + 1).fused);
+  // The default cell (100, 4) = 32 MiB still holds for the other patterns.
+  for (Pattern other : {Pattern::kAllreduce, Pattern::kResidualRmsnormFp8}) {
+    BOOST_TEST(decide(tuned, 100, 4, 1, other, 32 * kMiB).fused);
+    BOOST_TEST((decide(tuned, 100, 4, 1, other, 4 * kMiB).algorithm ==
+                decide(defaults, 100, 4, 1, other, 4 * kMiB).algorithm));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(multi_node_cells_are_keyed_by_nodes) {
+  const auto data = load_fixtures({"gb300_ws16_vllm46392.csv"});
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.fusion.size() == 1u);
+  BOOST_TEST(o.oneshot.empty());
+  BOOST_TEST(contains(o.yaml,
+                      "- {capability: 103, world_size: 16, nodes: 4, pattern: allreduce, "
+                      "max: 65534KiB}\n"),
+             o.yaml);
+  const Policy tuned = tables_with(o.yaml);
+  const std::uint64_t cap = 4681ull * 7168 * 2;
+  BOOST_TEST(decide(tuned, 103, 16, 4, Pattern::kAllreduce, cap, true).fused);
+  BOOST_TEST(!decide(tuned, 103, 16, 4, Pattern::kAllreduce, cap + 1, true).fused);
+  // Other node counts and patterns keep the default 64 MiB.
+  BOOST_TEST(decide(tuned, 103, 16, 2, Pattern::kAllreduce, 64 * kMiB, true).fused);
+  BOOST_TEST(decide(tuned, 103, 16, 4, Pattern::kResidualRmsnorm, 64 * kMiB, true).fused);
+}
+
+BOOST_AUTO_TEST_CASE(dtypes_that_disagree_write_the_smaller_cap_and_say_so) {
+  const auto data = load_fixtures({"dtypes.csv"});
+  BOOST_TEST(data->grouping.groups.size() == 2u);
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.fusion.size() == 1u);
+  BOOST_TEST(o.fusion[0].bytes == 512 * kKiB);
+  BOOST_TEST(contains(o.yaml, "  # fp16 measured: fusion cap 512 KiB"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "  # bf16 measured: fusion cap 1 MiB"), o.yaml);
+  BOOST_TEST(contains(o.yaml,
+                      "  # the dtypes disagree: the smaller cap (fp16) is written, since the "
+                      "tables are not keyed by dtype\n"),
+             o.yaml);
+  BOOST_TEST(!contains(o.yaml, ", dtype: "), o.yaml);  // no dtype keys
+  BOOST_TEST(std::count_if(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+               return contains(n, "the dtypes measured give different fusion caps");
+             }) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(without_a_baseline_only_the_one_shot_cell_is_written) {
+  const auto data = load_fixtures({"no_baseline.csv"});
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.fusion.empty());
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST(o.oneshot[0].bytes == 1 * kMiB);
+  BOOST_TEST((o.oneshot[0].pattern == Pattern::kResidualRmsnormFp8));
+  BOOST_TEST(!contains(o.yaml, "\nfusion:"));
+  BOOST_TEST_REQUIRE(o.notes.size() == 1u);
+  BOOST_TEST(contains(o.notes[0], "no fusion cell (bf16: no unfused option was measured"),
+             o.notes[0]);
+  BOOST_TEST(contains(o.yaml, "# Not written, or changed:\n#   capability 107"), o.yaml);
+}
+
+BOOST_AUTO_TEST_CASE(a_one_shot_cap_above_the_fusion_cap_is_lowered_to_it) {
+  const auto data = load_fixtures({"published_vllm22086_h100_tp2.csv"});
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST(o.oneshot[0].bytes == 512 * kKiB);
+  BOOST_TEST(contains(o.oneshot[0].comment, "lowered to the fusion cap 512 KiB"));
+  BOOST_TEST_REQUIRE(o.notes.size() == 1u);
+  BOOST_TEST(contains(o.notes[0], "one-shot cap 1 MiB lowered to the fusion cap 512 KiB"));
+}
+
+BOOST_AUTO_TEST_CASE(fusion_losing_everywhere_writes_off) {
+  const auto data = parse_csv(std::string(kHeader) +
+                              "90,8,1,bf16,4096,32,262144,allreduce,trtllm,oneshot,1,12\n"
+                              "90,8,1,bf16,4096,32,262144,allreduce,nccl,native,0,10\n"
+                              "90,8,1,bf16,4096,64,524288,allreduce,trtllm,oneshot,1,15\n"
+                              "90,8,1,bf16,4096,64,524288,allreduce,nccl,native,0,16\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.fusion.size() == 1u);
+  BOOST_TEST(o.fusion[0].off);
+  BOOST_TEST(contains(o.yaml, "pattern: allreduce, max: off}"), o.yaml);
+  BOOST_TEST(validate_text(o.yaml).empty());
+  const Decision d = decide(tables_with(o.yaml), 90, 8, 1, Pattern::kAllreduce, 4096);
+  BOOST_TEST(!d.fused);
+  BOOST_TEST((d.reason == Reason::kFusionOff));
+}
+
+BOOST_AUTO_TEST_CASE(two_shot_winning_from_the_smallest_size_writes_no_one_shot_cell) {
+  const auto data = parse_csv(std::string(kHeader) +
+                              "90,8,1,bf16,4096,32,262144,allreduce,trtllm,oneshot,1,12\n"
+                              "90,8,1,bf16,4096,32,262144,allreduce,trtllm,twoshot,1,10\n"
+                              "90,8,1,bf16,4096,64,524288,allreduce,trtllm,oneshot,1,15\n"
+                              "90,8,1,bf16,4096,64,524288,allreduce,trtllm,twoshot,1,11\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.oneshot.empty());
+  BOOST_TEST(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return contains(n, "no one-shot cell: bf16 one-shot cap off") &&
+           contains(n, "a one-shot cell cannot say off");
+  }));
+}
+
+BOOST_AUTO_TEST_CASE(free_text_from_the_results_is_escaped) {
+  const std::string csv = "# device: GPU \"X\" \\ v2\t\xff\n# date: 2025-02-03\n" +
+                          std::string(kHeader) +
+                          "90,2,1,bf16,4096,32,262144,allreduce,trtllm,oneshot,1,10\n"
+                          "90,2,1,bf16,4096,32,262144,allreduce,nccl,native,0,12\n"
+                          "90,2,1,bf16,4096,64,524288,allreduce,trtllm,oneshot,1,14\n"
+                          "90,2,1,bf16,4096,64,524288,allreduce,nccl,native,0,13\n";
+  const auto data = parse_csv(csv, "we:ird\n\"name\".csv");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(contains(o.yaml, "measured_on: \"GPU \\\"X\\\" \\\\ v2 ?\"\n"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "source: \"benchmark results we:ird \\\"name\\\".csv\"\n"), o.yaml);
+  const std::vector<Diagnostic> d = validate_text(o.yaml);
+  BOOST_TEST(d.empty(), text_of(d) << o.yaml);
+}

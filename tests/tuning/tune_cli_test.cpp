@@ -1,0 +1,284 @@
+// `arbiter tune` and `arbiter plot` as operators run them: the report, an
+// overlay that `arbiter validate` accepts, exit codes, and messages that name
+// the file and line at fault.
+#define BOOST_TEST_MODULE tools_tune
+#include <boost/test/unit_test.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "run_command.h"
+
+using namespace arbiter::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+int count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+std::string fixture(const std::string& name) { return shell_quote(data_path("tune/" + name)); }
+
+CommandResult run_arbiter(const std::string& args) { return run_command(arbiter_command(args)); }
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A scratch folder per test case, removed at the end.
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir =
+        fs::temp_directory_path() / ("arbiter_tune_cli_" + std::to_string(getpid()) + "_" +
+                                     boost::unit_test::framework::current_test_case().p_name.get());
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tune_reports_caps_and_regret_and_writes_a_valid_overlay) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  const CommandResult r = run_arbiter("tune " + fixture("crossover.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "capability 100, world size 4, 1 node, residual_rmsnorm, bf16\n"),
+             r.output);
+  BOOST_TEST(contains(r.output,
+                      "  fusion cap:   4 MiB (fused lost at 8 MiB: 118 us against "
+                      "100 us for nccl native unfused)\n"),
+             r.output);
+  BOOST_TEST(contains(r.output, "  one-shot cap: 256 KiB (one-shot lost at 512 KiB"), r.output);
+  BOOST_TEST(contains(r.output, "  current tables:   mean 30.0%, worst 97.0% at 4 MiB\n"),
+             r.output);
+  BOOST_TEST(contains(r.output, "  with the overlay: mean 0.0%, worst 0.0%\n"), r.output);
+  // A row of the regret table: 8 MiB, best nccl, the tables two-shot, 18%.
+  BOOST_TEST(contains(r.output,
+                      "8 MiB   nccl native unfused, 100 us   trtllm twoshot fused, "
+                      "118 us    18.0%"),
+             r.output);
+  BOOST_TEST(contains(r.output, "wrote " + out + ": 1 fusion cell, 1 one-shot cell"), r.output);
+
+  const CommandResult v = run_arbiter("validate " + shell_quote(out));
+  BOOST_TEST(v.exit_code == 0, v.output);
+  BOOST_TEST(v.output == out + ": valid\n");
+  // Loaded as a site file, it removes the regret it measured.
+  const CommandResult again = run_arbiter("tune " + fixture("crossover.csv") + " --config " + out +
+                                          " -o " + s.path("2.yaml"));
+  BOOST_TEST(again.exit_code == 0, again.output);
+  BOOST_TEST(contains(again.output, "  current tables:   mean 0.0%, worst 0.0%\n"), again.output);
+}
+
+BOOST_AUTO_TEST_CASE(every_accepted_fixture_gives_an_overlay_that_validates) {
+  Scratch s;
+  for (const std::string& files :
+       {fixture("crossover.csv"), fixture("noisy.csv"), fixture("duplicates_agree.csv"),
+        fixture("no_baseline.csv"), fixture("skipped.csv"), fixture("dtypes.csv"),
+        fixture("published_vllm22086_h100_tp2.csv"), fixture("gb300_ws16_vllm46392.csv"),
+        fixture("crossover.csv") + " " + fixture("noisy.csv") + " " +
+            fixture("gb300_ws16_vllm46392.csv") + " " + fixture("mixed_a.csv")}) {
+    BOOST_TEST_CONTEXT(files) {
+      const std::string out = s.path("o.yaml");
+      const CommandResult r = run_arbiter("tune " + files + " --margin 5% -o " + out);
+      BOOST_TEST(r.exit_code == 0, r.output);
+      const CommandResult v = run_arbiter("validate " + shell_quote(out));
+      BOOST_TEST(v.exit_code == 0, v.output);
+      BOOST_TEST(!contains(v.output, "warning"), v.output);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(without_o_the_overlay_is_the_only_thing_on_stdout) {
+  Scratch s;
+  const std::string out = s.path("stdout.yaml");
+  // run_command() folds stderr into stdout: redirect both inside a subshell.
+  const CommandResult r =
+      run_command("(" + arbiter_command("tune " + fixture("noisy.csv")) + " > " + shell_quote(out) +
+                  " 2> " + shell_quote(s.path("err")) + ")");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  const std::string yaml = read_file(out);
+  BOOST_TEST(yaml.starts_with("# Written by `arbiter tune`"), yaml);
+  BOOST_TEST(contains(yaml, "max: 512KiB}"), yaml);
+  BOOST_TEST(contains(read_file(s.path("err")), "fusion cap:   512 KiB"));
+  BOOST_TEST(run_arbiter("validate " + shell_quote(out)).exit_code == 0);
+}
+
+BOOST_AUTO_TEST_CASE(the_margin_moves_the_cap) {
+  Scratch s;
+  const CommandResult r =
+      run_arbiter("tune " + fixture("crossover.csv") + " --margin 20 -o " + s.path("o.yaml"));
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "  fusion cap:   8 MiB (fused lost at 16 MiB"), r.output);
+  BOOST_TEST(contains(read_file(s.path("o.yaml")), "notes: \"margin 20%"));
+}
+
+BOOST_AUTO_TEST_CASE(multi_node_groups_need_the_topology_flags) {
+  Scratch s;
+  const std::string args =
+      "tune " + fixture("gb300_ws16_vllm46392.csv") + " -o " + s.path("o.yaml");
+  const CommandResult plain = run_arbiter(args);
+  BOOST_TEST(plain.exit_code == 0, plain.output);
+  BOOST_TEST(contains(plain.output, "  fusion cap:   65534 KiB ~ 63.998 MiB (fused lost at"),
+             plain.output);
+  BOOST_TEST(!contains(plain.output, "one-shot cap"), plain.output);
+  BOOST_TEST(contains(plain.output, "note: no fused backend was eligible"), plain.output);
+  BOOST_TEST(contains(plain.output, "  current tables:   mean 20.3%, worst 50.0% at 3584 KiB"),
+             plain.output);
+  const CommandResult mnnvl = run_arbiter(args + " --nvlink-domain --multicast");
+  BOOST_TEST(mnnvl.exit_code == 0, mnnvl.output);
+  BOOST_TEST(contains(mnnvl.output, "  current tables:   mean 0.0%, worst 0.0%\n"), mnnvl.output);
+  BOOST_TEST(!contains(mnnvl.output, "note: no fused backend"), mnnvl.output);
+}
+
+BOOST_AUTO_TEST_CASE(arbiter_backends_narrows_the_current_tables) {
+  Scratch s;
+  const CommandResult r =
+      run_command(std::string("env -u ARBITER_CONFIG ARBITER_BACKENDS=nccl ") + ARBITER_BIN +
+                  " tune " + fixture("crossover.csv") + " -o " + s.path("o.yaml"));
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(
+      contains(r.output, "64 KiB   trtllm oneshot fused, 8 us    nccl native unfused, 20 us"),
+      r.output);
+}
+
+BOOST_AUTO_TEST_CASE(refused_results_exit_1_name_the_rows_and_write_nothing) {
+  Scratch s;
+  struct Case {
+    std::string files;
+    std::string message;
+  };
+  const Case cases[] = {
+      {fixture("duplicates_disagree.csv"),
+       "duplicates_disagree.csv:6: error: capability 90, world size 2, 1 node, residual_rmsnorm, "
+       "bf16: trtllm oneshot fused at 512 KiB: duplicate rows disagree"},
+      {fixture("mixed_a.csv") + " " + fixture("mixed_b.csv"), "rows name different devices"},
+      {fixture("single_size.csv"),
+       "single_size.csv:3: error: capability 100, world size 2, 1 "
+       "node, residual_rmsnorm, bf16: only one message size"},
+      {fixture("bad_missing_column.csv"),
+       "bad_missing_column.csv:2: error: header: missing column latency_us"},
+      {fixture("bad_number.csv"),
+       "bad_number.csv:14: error: column latency_us: \"abc\" is not a number"},
+      {fixture("bad_capability.csv"),
+       "bad_capability.csv:5: error: column capability: unknown capability 'sm_90a'"},
+      {fixture("crossover.csv") + " " + fixture("bad_number.csv"), "bad_number.csv:14: error:"},
+  };
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.files) {
+      const std::string out = s.path("never.yaml");
+      const CommandResult r = run_arbiter("tune " + c.files + " -o " + out);
+      BOOST_TEST(r.exit_code == 1, r.output);
+      BOOST_TEST(contains(r.output, c.message), r.output);
+      BOOST_TEST(contains(r.output, "nothing written"), r.output);
+      BOOST_TEST(!fs::exists(out));
+      const CommandResult p = run_arbiter("plot " + c.files + " -o " + s.path("never.svg"));
+      BOOST_TEST(p.exit_code == 1, p.output);
+      BOOST_TEST(contains(p.output, c.message), p.output);
+      BOOST_TEST(!fs::exists(s.path("never.svg")));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(skipped_rows_are_noted) {
+  Scratch s;
+  const CommandResult r = run_arbiter("tune " + fixture("skipped.csv") + " -o " + s.path("o.yaml"));
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "skipped.csv:9: note: row skipped (status skipped: workspace"),
+             r.output);
+  BOOST_TEST(contains(r.output, "skipped.csv:10: note: row skipped (no latency_us)"), r.output);
+  BOOST_TEST(contains(r.output, "trtllm oneshot fused (not measured)"), r.output);
+  BOOST_TEST(contains(r.output, "(1 size not measured, left out)"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(usage_errors_exit_2) {
+  Scratch s;
+  for (const std::string& args :
+       {std::string("tune"), "tune --margin abc " + fixture("crossover.csv"),
+        "tune --margin -1 " + fixture("crossover.csv"),
+        "tune --margin 101 " + fixture("crossover.csv"),
+        "tune --frobnicate " + fixture("crossover.csv"), "tune " + fixture("no_such.csv"),
+        "tune " + shell_quote(data_path("tune")),
+        "tune " + fixture("crossover.csv") + " " + fixture("crossover.csv"),
+        "plot " + fixture("crossover.csv"), std::string("plot -o ") + s.path("x.svg")}) {
+    BOOST_TEST_CONTEXT(args) {
+      const CommandResult r = run_arbiter(args);
+      BOOST_TEST(r.exit_code == 2, r.output);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(help_and_the_command_list) {
+  const CommandResult tune = run_arbiter("tune --help");
+  BOOST_TEST(tune.exit_code == 0);
+  BOOST_TEST(contains(tune.output, "usage: arbiter tune RESULTS.csv..."));
+  BOOST_TEST(contains(tune.output, "--margin"));
+  BOOST_TEST(contains(tune.output, "--config"));
+  const CommandResult plot = run_arbiter("plot --help");
+  BOOST_TEST(plot.exit_code == 0);
+  BOOST_TEST(contains(plot.output, "usage: arbiter plot RESULTS.csv..."));
+  const CommandResult list = run_arbiter("--help");
+  BOOST_TEST(contains(list.output, "\n  tune "));
+  BOOST_TEST(contains(list.output, "\n  plot "));
+}
+
+BOOST_AUTO_TEST_CASE(plot_writes_one_polyline_per_option) {
+  Scratch s;
+  const std::string out = s.path("chart.svg");
+  const CommandResult r = run_arbiter("plot " + fixture("crossover.csv") + " " +
+                                      fixture("no_baseline.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "wrote " + out + ": 2 panels"), r.output);
+  const std::string svg = read_file(out);
+  BOOST_TEST(svg.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg "));
+  BOOST_TEST(svg.ends_with("</svg>\n"));
+  BOOST_TEST(count(svg, "<polyline ") == 3 + 2);
+  BOOST_TEST(count(svg, "<g id=\"panel-") == 2);
+  BOOST_TEST(contains(svg, "tables default: "), svg.substr(0, 2000));
+
+  // The caps of given tables.
+  const std::string site = s.path("site.yaml");
+  BOOST_TEST(run_arbiter("tune " + fixture("crossover.csv") + " -o " + site).exit_code == 0);
+  BOOST_TEST(run_arbiter("plot " + fixture("crossover.csv") + " --config " + site + " -o " + out)
+                 .exit_code == 0);
+  const std::string tuned = read_file(out);
+  BOOST_TEST(contains(tuned, ">fusion cap 4 MiB</text>"));
+  BOOST_TEST(contains(tuned, ">one-shot cap 256 KiB</text>"));
+  BOOST_TEST(contains(tuned, "tables default + " + site));
+}
+
+BOOST_AUTO_TEST_CASE(an_overlay_that_conflicts_with_the_given_tables_exits_1) {
+  // A site cell keyed by nodes is as specific as the tuned cell keyed by
+  // pattern, and a call can match both: the overlay is written (it is valid
+  // alone) but does not load over these tables.
+  Scratch s;
+  const std::string site = s.path("site.yaml");
+  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 100, world_size: 4, nodes: 1, "
+                         "max: 8MiB}\n";
+  const std::string out = s.path("o.yaml");
+  const CommandResult r =
+      run_arbiter("tune " + fixture("crossover.csv") + " --config " + site + " -o " + out);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "the overlay does not load over the current tables"), r.output);
+  BOOST_TEST(contains(r.output, "conflicts with the equally specific cell"), r.output);
+  BOOST_TEST(!contains(r.output, "with the overlay:"), r.output);
+  BOOST_TEST(run_arbiter("validate " + shell_quote(out)).exit_code == 0);
+}

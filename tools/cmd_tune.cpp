@@ -1,0 +1,255 @@
+// arbiter tune: caps from benchmark results, the regret of the current
+// tables and of the tuned ones, and a site overlay holding the new caps.
+#include <algorithm>
+#include <charconv>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include "arbiter/size.h"
+#include "arbiter/tuning/groups.h"
+#include "arbiter/tuning/overlay.h"
+#include "arbiter/tuning/regret.h"
+#include "arbiter/tuning/results.h"
+#include "cli.h"
+
+namespace arbiter::cli {
+namespace {
+
+using namespace arbiter::tuning;
+
+constexpr const char* kTuneUsage =
+    "usage: arbiter tune RESULTS.csv... [-o overlay.yaml] [--margin PCT] [--config FILE]...\n"
+    "                    [--nvlink-domain] [--multicast]\n"
+    "\n"
+    "Derives, per (capability, world size, nodes, pattern, dtype) measured, the fusion cap\n"
+    "(the largest measured size up to which the best fused option is at most PCT% slower\n"
+    "than the best unfused one at every measured size) and the one-shot cap of\n"
+    "single-node trtllm (one-shot against two-shot, by the same rule); prints them with\n"
+    "the regret of the current tables and of the tuned ones (how much slower the option\n"
+    "the tables choose is than the best measured one), and writes a site table holding\n"
+    "the new caps. Caps are always measured sizes.\n"
+    "\n"
+    "RESULTS.csv (as `arbiter bench` writes it): a header naming at least capability,\n"
+    "world_size, nodes, dtype, hidden, num_tokens, bytes, pattern, backend, algorithm,\n"
+    "fused and latency_us, in any order (other columns are ignored; a device column is\n"
+    "used); `# key: value` lines are provenance (device, driver, nccl, hosts, date).\n"
+    "Rows with a skipped or status column saying so, or no latency, are skipped.\n"
+    "Duplicate rows (same option and bytes) count by their median and must agree\n"
+    "within 2x.\n"
+    "\n"
+    "The overlay goes to -o FILE, else to stdout; the report goes to stdout with -o,\n"
+    "else to stderr. Exit 0: done; 1: results refused (malformed, duplicates that\n"
+    "disagree, mixed devices, a single size), or tables that do not load; 2: usage\n"
+    "error or unreadable file.\n\n";
+
+double margin_flag(std::string text) {
+  if (!text.empty() && text.back() == '%') text.pop_back();
+  double v = -1;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || !(v >= 0) ||
+      v > 100) {
+    throw UsageError{"--margin: '" + text + "' is not a percentage between 0 and 100"};
+  }
+  return v;
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[16];
+  std::strftime(text, sizeof text, "%Y-%m-%d", &tm);
+  return text;
+}
+
+std::string us(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.4g us", v);
+  return buffer;
+}
+
+std::string pct(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.1f%%", v);
+  return buffer;
+}
+
+// Prints rows as columns: the first row is the heading; columns listed in
+// `right` are right-aligned.
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows,
+                 const std::vector<bool>& right, const std::string& indent) {
+  std::vector<std::size_t> width(right.size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line = indent;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const std::string pad(width[i] - row[i].size(), ' ');
+      line += right[i] ? pad + row[i] : row[i] + (i + 1 < row.size() ? pad : "");
+      if (i + 1 < row.size()) line += "   ";
+    }
+    out << line << "\n";
+  }
+}
+
+std::string chosen_cell(const RegretPoint& p) {
+  if (!p.chosen_us) return p.chosen + " (not measured)";
+  return p.chosen + ", " + us(*p.chosen_us);
+}
+
+std::string summary(const Regret& r) {
+  if (!r.mean_pct) return "nothing it chose was measured";
+  std::string s = "mean " + pct(*r.mean_pct) + ", worst " + pct(*r.worst_pct);
+  if (*r.worst_pct > 0) s += " at " + format_size(r.worst_bytes);
+  if (r.not_measured > 0) {
+    s += " (" + std::to_string(r.not_measured) + " size" + (r.not_measured == 1 ? "" : "s") +
+         " not measured, left out)";
+  }
+  return s;
+}
+
+void report_group(std::ostream& out, const Group& g, double margin, const Policy& current,
+                  const std::optional<Policy>& tuned, const TopologyFlags& topology) {
+  out << g.key.to_string() << "\n";
+  std::string files;
+  for (const std::string& f : g.files) files += (files.empty() ? "" : ", ") + f;
+  out << "  device " << (g.device.empty() ? "unknown" : g.device) << "; from " << files << "\n";
+  std::string options;
+  for (const Curve& c : g.curves) options += (options.empty() ? "" : ", ") + c.option.label();
+  out << "  measured " << format_size(g.sizes.front()) << " .. " << format_size(g.sizes.back())
+      << " (" << g.sizes.size() << " sizes): " << options << "\n";
+  out << "  fusion cap:   " << fusion_cap(g, margin).text() << "\n";
+  const Cap oneshot = oneshot_cap(g, margin);
+  if (g.key.nodes == 1 || oneshot.kind != Cap::Kind::kNone) {
+    out << "  one-shot cap: " << oneshot.text() << "\n";
+  }
+
+  const Regret now = regret(current, g, topology);
+  std::optional<Regret> after;
+  if (tuned) after = regret(*tuned, g, topology);
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"size", "best measured", "current tables", "regret"});
+  if (after) {
+    rows.front().push_back("with the overlay");
+    rows.front().push_back("regret");
+  }
+  for (std::size_t i = 0; i < now.points.size(); ++i) {
+    const RegretPoint& p = now.points[i];
+    std::vector<std::string> row = {format_size(p.bytes), p.best + ", " + us(p.best_us),
+                                    chosen_cell(p), p.regret_pct ? pct(*p.regret_pct) : "-"};
+    if (after) {
+      const RegretPoint& q = after->points[i];
+      row.push_back(chosen_cell(q));
+      row.push_back(q.regret_pct ? pct(*q.regret_pct) : "-");
+    }
+    rows.push_back(std::move(row));
+  }
+  out << "  regret (chosen / best - 1):\n";
+  print_table(out, rows, {true, false, false, true, false, true}, "    ");
+  out << "  current tables:   " << summary(now) << "\n";
+  if (after) out << "  with the overlay: " << summary(*after) << "\n";
+  const bool ineligible = std::any_of(
+      now.points.begin(), now.points.end(),
+      [](const RegretPoint& p) { return p.decision.reason == Reason::kNoEligibleBackend; });
+  if (ineligible) {
+    out << "  note: no fused backend was eligible for some sizes (" +
+               std::string(reason_name(Reason::kNoEligibleBackend)) +
+               "); across nodes, pass --nvlink-domain and --multicast if the job has them\n";
+  }
+  out << "\n";
+}
+
+}  // namespace
+
+int cmd_tune(const Args& args) {
+  po::options_description desc("arbiter tune options");
+  add_config_option(desc);
+  desc.add_options()("file", po::value<std::vector<std::string>>(), "results CSV files")(
+      "output,o", po::value<std::string>(), "write the overlay here (default: stdout)")(
+      "margin", po::value<std::string>()->default_value("0"),
+      "fused (one-shot) may be up to PCT% slower than unfused (two-shot) and still win")(
+      "nvlink-domain", po::bool_switch(),
+      "multi-node groups: all ranks share one NVLink domain (MNNVL)")(
+      "multicast", po::bool_switch(), "NVLink multicast usable on all ranks")("help,h",
+                                                                              "this help");
+  po::positional_options_description positional;
+  positional.add("file", -1);
+  po::variables_map vm = parse(args, desc, &positional);
+  if (vm.count("help")) {
+    std::cout << kTuneUsage << desc;
+    return kExitOk;
+  }
+  if (!vm.count("file")) throw UsageError{"give at least one results CSV"};
+  const double margin = margin_flag(vm["margin"].as<std::string>());
+  const std::string output = vm.count("output") ? vm["output"].as<std::string>() : "";
+  const TopologyFlags topology{vm["nvlink-domain"].as<bool>(), vm["multicast"].as<bool>()};
+  std::ostream& out = output.empty() ? std::cerr : std::cout;
+
+  const ResultsSet set = read_all_results(vm["file"].as<std::vector<std::string>>());
+  for (const std::string& note : set.notes) std::cerr << note << "\n";
+  for (const Diagnostic& d : set.errors) std::cerr << d.to_string() << "\n";
+  if (set.unreadable) return kExitUsage;
+  if (!set.errors.empty()) {
+    std::cerr << "arbiter tune: the results were refused; nothing written\n";
+    return kExitFailed;
+  }
+  const Grouping grouping = group_results(set.files);
+  for (const Diagnostic& d : grouping.refusals) std::cerr << d.to_string() << "\n";
+  if (!grouping.refusals.empty()) {
+    std::cerr << "arbiter tune: " << grouping.refusals.size() << " problem"
+              << (grouping.refusals.size() == 1 ? "" : "s") << " in the results; nothing written\n";
+    return kExitFailed;
+  }
+  if (grouping.groups.empty()) {
+    std::cerr << "arbiter tune: no measurements in the results (every row was skipped)\n";
+    return kExitFailed;
+  }
+
+  std::optional<Policy> current = load_policy(vm);
+  if (!current) return kExitFailed;
+  OverlayOptions overlay_options;
+  overlay_options.margin_pct = margin;
+  overlay_options.date = today();
+  const Overlay overlay = make_overlay(grouping.groups, set.files, overlay_options);
+
+  // The current tables with the overlay on top, as a site file would be.
+  LoadOptions load = LoadOptions::from_environment();
+  if (vm.count("config")) load.site_files = vm["config"].as<std::vector<std::string>>();
+  load.overrides.yaml(output.empty() ? "overlay" : output, overlay.yaml);
+  LoadResult tuned = Policy::load(load);
+  int rc = kExitOk;
+  if (!tuned.policy) {
+    std::cerr << "arbiter tune: the overlay does not load over the current tables:\n";
+    for (const Diagnostic& d : tuned.diagnostics) std::cerr << "  " << d.to_string() << "\n";
+    rc = kExitFailed;
+  }
+
+  for (const Group& g : grouping.groups) {
+    report_group(out, g, margin, *current, tuned.policy, topology);
+  }
+  for (const std::string& note : overlay.notes) out << "note: " << note << "\n";
+
+  const std::string counts = std::to_string(overlay.fusion.size()) + " fusion cell" +
+                             (overlay.fusion.size() == 1 ? "" : "s") + ", " +
+                             std::to_string(overlay.oneshot.size()) + " one-shot cell" +
+                             (overlay.oneshot.size() == 1 ? "" : "s");
+  if (output.empty()) {
+    std::cout << overlay.yaml;
+    out << "overlay: " << counts << " (on stdout)\n";
+  } else {
+    std::ofstream file(output, std::ios::binary | std::ios::trunc);
+    file << overlay.yaml;
+    file.close();
+    if (!file) {
+      std::cerr << output << ": error: cannot write the overlay\n";
+      return kExitFailed;
+    }
+    out << "wrote " << output << ": " << counts << "; check it with `arbiter validate " << output
+        << "`\n";
+  }
+  return rc;
+}
+
+}  // namespace arbiter::cli

@@ -1,0 +1,134 @@
+// Measurements grouped into latency curves, and the caps they imply.
+//
+// Grouping: rows are grouped by (capability, world size, nodes, pattern,
+// dtype). Within a group a curve is one option (backend, algorithm, fused)
+// and a point is (bytes, latency).
+//
+// Duplicates: several rows for the same option and bytes (several hidden
+// sizes, runs or files) make one point whose latency is their median (the
+// mean of the two middle values for an even count). They must agree: when
+// the slowest is more than kMaxDuplicateSpread (2x) the fastest, the group is
+// refused and the message names the rows.
+//
+// A group is also refused when its rows name different devices (the device
+// column, or a file's `# device:` line; rows with no device are not
+// compared), or when it has fewer than 2 distinct sizes.
+//
+// Caps are always measured sizes: sizes between measured points are never
+// invented. With margin m (percent):
+//   fusion cap   the largest size S such that at every size <= S where both
+//                a fused and an unfused option were measured, the best fused
+//                latency <= (1 + m/100) x the best unfused latency (ties go
+//                to fused). `off` when fused loses at the smallest such size;
+//                none when the group has no unfused (or no fused) option.
+//   one-shot cap single-node groups only, trtllm fused one-shot against
+//                trtllm fused two-shot at the sizes where both were measured,
+//                by the same rule; no baseline is needed. `off` when one-shot
+//                loses at the smallest such size (a one-shot cell cannot say
+//                `off`, so the overlay then writes no one-shot cell).
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arbiter/diagnostic.h"
+#include "arbiter/tuning/results.h"
+#include "arbiter/types.h"
+
+namespace arbiter::tuning {
+
+inline constexpr double kMaxDuplicateSpread = 2.0;
+
+struct GroupKey {
+  Capability capability;
+  std::uint32_t world_size = 0;
+  std::uint32_t nodes = 1;
+  Pattern pattern = Pattern::kAllreduce;
+  Dtype dtype = Dtype::kBf16;
+
+  friend auto operator<=>(const GroupKey&, const GroupKey&) = default;
+  // "capability 90, world size 2, 1 node, residual_rmsnorm, bf16"
+  std::string to_string() const;
+};
+
+// What was measured: a backend running an algorithm, fused or not.
+struct Option {
+  std::string backend;
+  std::string algorithm;
+  bool fused = false;
+
+  friend auto operator<=>(const Option&, const Option&) = default;
+  // "trtllm oneshot fused", "baseline sum+norm unfused"
+  std::string label() const;
+};
+
+struct Point {
+  std::uint64_t bytes = 0;
+  double latency_us = 0;         // the median of the rows below
+  std::vector<const Row*> rows;  // at least one, in file order
+};
+
+struct Curve {
+  Option option;
+  std::vector<Point> points;  // ascending bytes, one per size
+
+  const Point* at(std::uint64_t bytes) const;
+};
+
+struct Group {
+  GroupKey key;
+  std::string device;                // empty: no row named one
+  std::vector<std::string> files;    // the files feeding the group, in input order
+  std::vector<Curve> curves;         // sorted by option
+  std::vector<std::uint64_t> sizes;  // every measured size, ascending
+
+  // The best (lowest) latency among fused (or unfused) options at `bytes`,
+  // with the option; nullopt when none was measured there.
+  struct Best {
+    double latency_us = 0;
+    const Curve* curve = nullptr;
+  };
+  std::optional<Best> best(std::uint64_t bytes, std::optional<bool> fused) const;
+  const Curve* curve(const Option& option) const;
+};
+
+struct Grouping {
+  std::vector<Group> groups;         // accepted groups, sorted by key
+  std::vector<Diagnostic> refusals;  // one error per refused group problem
+};
+
+// `files` must outlive the result (points point at their rows).
+Grouping group_results(const std::vector<ResultsFile>& files);
+
+// One cap derived from a group.
+struct Cap {
+  enum class Kind {
+    kBytes,  // `bytes` is the cap
+    kOff,    // the second option lost at the smallest compared size
+    kNone,   // nothing to compare: `why` says what is missing
+  };
+  Kind kind = Kind::kNone;
+  std::uint64_t bytes = 0;
+  // The compared sizes, ascending, and the first where the preferred option
+  // lost (0: it never lost).
+  std::vector<std::uint64_t> compared;
+  std::uint64_t lost_at = 0;
+  double lost_us = 0, winner_us = 0;  // at lost_at: the loser's and winner's latency
+  std::string winner;                 // at lost_at: the option that won
+  std::string preferred;              // "fused" or "one-shot"
+  std::string why;                    // for kNone
+  // One line for humans: "4 MiB (fused lost at 8 MiB: 118 us vs 100 us nccl native unfused)".
+  std::string text() const;
+};
+
+// The fusion cap: fused against unfused. margin_pct >= 0.
+Cap fusion_cap(const Group& group, double margin_pct);
+
+// The one-shot cap of single-node trtllm: one-shot against two-shot.
+// kNone for multi-node groups and groups without both algorithms measured.
+Cap oneshot_cap(const Group& group, double margin_pct);
+
+}  // namespace arbiter::tuning

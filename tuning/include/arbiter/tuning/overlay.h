@@ -1,0 +1,59 @@
+// The site file `arbiter tune` writes: the caps derived from measurements as
+// a table layer in the format of schema/FORMAT.md.
+//
+// Cells are keyed so that a measurement changes only what it measured:
+//   fusion   {capability, world_size, pattern, max}, plus `nodes` when the
+//            group spans several nodes. A single-node cell carries no
+//            `nodes` key, like the default cells: it also covers multi-node
+//            jobs of that world size unless a nodes-keyed cell does.
+//   oneshot  {capability, world_size, pattern, max} (single-node trtllm).
+// The tables are not keyed by dtype: each cell's comment names the dtype
+// measured. When several dtypes of one (capability, world size, nodes,
+// pattern) give different caps the smaller is written (`off` is smaller than
+// any size) and the comment says so. A one-shot cap above the fusion cap
+// written for the same cell is lowered to it (above the fusion cap nothing
+// is fused). A one-shot split that is `off` (two-shot won from the smallest
+// size) writes no cell: a one-shot cell cannot say `off`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "arbiter/tuning/groups.h"
+#include "arbiter/tuning/results.h"
+
+namespace arbiter::tuning {
+
+struct OverlayOptions {
+  double margin_pct = 0;
+  // Used as the provenance date when no results file has a `# date:` line.
+  std::string date;
+  // Provenance `tool`; empty: "arbiter tune VERSION".
+  std::string tool;
+};
+
+struct OverlayCell {
+  Capability capability;
+  std::uint32_t world_size = 0;
+  std::uint32_t nodes = 0;  // 0: no nodes key
+  Pattern pattern = Pattern::kAllreduce;
+  bool off = false;
+  std::uint64_t bytes = 0;
+  std::string comment;  // without the leading '#'
+};
+
+struct Overlay {
+  std::vector<OverlayCell> fusion;
+  std::vector<OverlayCell> oneshot;
+  // What a reader of the report should know: dtypes that disagreed, caps
+  // lowered, scopes left without a cell and why.
+  std::vector<std::string> notes;
+  std::string yaml;  // the whole file
+};
+
+// `groups` as accepted by group_results(); `files` give the provenance.
+Overlay make_overlay(const std::vector<Group>& groups, const std::vector<ResultsFile>& files,
+                     const OverlayOptions& options);
+
+}  // namespace arbiter::tuning

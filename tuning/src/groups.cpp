@@ -1,0 +1,261 @@
+#include "arbiter/tuning/groups.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+
+#include "arbiter/size.h"
+#include "text.h"
+
+namespace arbiter::tuning {
+namespace {
+
+using detail::us_text;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+Diagnostic refusal(const Row& at, const GroupKey& key, std::string message, std::string hint) {
+  return {Severity::kError, at.file, at.line, 0, key.to_string() + ": " + std::move(message),
+          std::move(hint)};
+}
+
+std::string size_list(const std::vector<std::uint64_t>& sizes) {
+  if (sizes.empty()) return "none";
+  if (sizes.size() == 1) return format_size(sizes.front());
+  return format_size(sizes.front()) + " .. " + format_size(sizes.back()) + " (" +
+         std::to_string(sizes.size()) + " sizes)";
+}
+
+// "2.14x"
+std::string ratio_text(double ratio) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3g", ratio);
+  return std::string(buffer) + "x";
+}
+
+using BestAt = std::function<std::optional<Group::Best>(std::uint64_t)>;
+
+// The largest compared size up to which `preferred` stays within the margin
+// of `other` at every compared size.
+Cap derive(const Group& group, double margin_pct, const std::string& preferred_name,
+           const BestAt& preferred, const BestAt& other) {
+  Cap cap;
+  cap.preferred = preferred_name;
+  for (std::uint64_t bytes : group.sizes) {
+    const std::optional<Group::Best> p = preferred(bytes), o = other(bytes);
+    if (!p || !o) continue;
+    cap.compared.push_back(bytes);
+    if (cap.lost_at != 0) continue;
+    // In this form a margin of 18% compares 118 with 100 exactly.
+    if (p->latency_us * 100.0 <= o->latency_us * (100.0 + margin_pct)) {
+      cap.kind = Cap::Kind::kBytes;
+      cap.bytes = bytes;
+    } else {
+      cap.lost_at = bytes;
+      cap.lost_us = p->latency_us;
+      cap.winner_us = o->latency_us;
+      cap.winner = o->curve->option.label();
+    }
+  }
+  if (cap.compared.empty()) {
+    cap.why = "never measured at the same size as the option it is compared with";
+  } else if (cap.lost_at == cap.compared.front()) {
+    cap.kind = Cap::Kind::kOff;
+  }
+  return cap;
+}
+
+}  // namespace
+
+std::string GroupKey::to_string() const {
+  return "capability " + capability_name(capability) + ", world size " +
+         std::to_string(world_size) + ", " + std::to_string(nodes) +
+         (nodes == 1 ? " node, " : " nodes, ") + std::string(pattern_name(pattern)) + ", " +
+         std::string(dtype_name(dtype));
+}
+
+std::string Option::label() const {
+  return backend + " " + algorithm + (fused ? " fused" : " unfused");
+}
+
+const Point* Curve::at(std::uint64_t bytes) const {
+  const auto it = std::lower_bound(points.begin(), points.end(), bytes,
+                                   [](const Point& p, std::uint64_t b) { return p.bytes < b; });
+  return it != points.end() && it->bytes == bytes ? &*it : nullptr;
+}
+
+std::optional<Group::Best> Group::best(std::uint64_t bytes, std::optional<bool> fused) const {
+  std::optional<Best> best;
+  for (const Curve& c : curves) {
+    if (fused && c.option.fused != *fused) continue;
+    const Point* p = c.at(bytes);
+    if (p && (!best || p->latency_us < best->latency_us)) best = Best{p->latency_us, &c};
+  }
+  return best;
+}
+
+const Curve* Group::curve(const Option& option) const {
+  for (const Curve& c : curves) {
+    if (c.option == option) return &c;
+  }
+  return nullptr;
+}
+
+Grouping group_results(const std::vector<ResultsFile>& files) {
+  using Points = std::map<std::uint64_t, std::vector<const Row*>>;
+  struct Raw {
+    std::vector<const Row*> rows;
+    std::map<Option, Points> options;
+  };
+  std::map<GroupKey, Raw> raw;
+  for (const ResultsFile& file : files) {
+    for (const Row& row : file.rows) {
+      const GroupKey key{row.capability, row.world_size, row.nodes, row.pattern, row.dtype};
+      Raw& r = raw[key];
+      r.rows.push_back(&row);
+      r.options[Option{row.backend, row.algorithm, row.fused}][row.bytes].push_back(&row);
+    }
+  }
+
+  Grouping out;
+  for (const auto& [key, r] : raw) {
+    const std::size_t errors_before = out.refusals.size();
+    Group group;
+    group.key = key;
+    for (const Row* row : r.rows) {
+      if (std::find(group.files.begin(), group.files.end(), row->file) == group.files.end()) {
+        group.files.push_back(row->file);
+      }
+      if (row->device.empty()) continue;
+      if (group.device.empty()) {
+        group.device = row->device;
+        continue;
+      }
+      if (row->device != group.device) {
+        const auto first = std::find_if(r.rows.begin(), r.rows.end(),
+                                        [&](const Row* x) { return x->device == group.device; });
+        out.refusals.push_back(refusal(
+            **first, key,
+            "rows name different devices: \"" + group.device + "\" (" + (*first)->where() +
+                ") and \"" + row->device + "\" (" + row->where() + ")",
+            "tune each device separately: caps measured on one device do not hold for another"));
+        break;
+      }
+    }
+
+    for (const auto& [option, points] : r.options) {
+      Curve curve;
+      curve.option = option;
+      for (const auto& [bytes, rows] : points) {
+        Point p;
+        p.bytes = bytes;
+        p.rows = rows;
+        std::vector<double> latencies;
+        for (const Row* row : rows) latencies.push_back(row->latency_us);
+        p.latency_us = median(latencies);
+        const auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](auto* a, auto* b) {
+          return a->latency_us < b->latency_us;
+        });
+        if ((*hi)->latency_us > kMaxDuplicateSpread * (*lo)->latency_us) {
+          std::string list;
+          for (const Row* row : rows) {
+            list += (list.empty() ? "" : ", ") + us_text(row->latency_us) + " at " + row->where();
+          }
+          out.refusals.push_back(refusal(
+              *rows.front(), key,
+              option.label() + " at " + format_size(bytes) + ": duplicate rows disagree (" + list +
+                  "; the slowest is " + ratio_text((*hi)->latency_us / (*lo)->latency_us) +
+                  " the fastest, more than " + ratio_text(kMaxDuplicateSpread) + ")",
+              "re-measure, or remove the rows that are wrong"));
+        }
+        curve.points.push_back(std::move(p));
+        group.sizes.push_back(bytes);
+      }
+      group.curves.push_back(std::move(curve));
+    }
+    std::sort(group.sizes.begin(), group.sizes.end());
+    group.sizes.erase(std::unique(group.sizes.begin(), group.sizes.end()), group.sizes.end());
+    if (group.sizes.size() < 2) {
+      out.refusals.push_back(refusal(*r.rows.front(), key,
+                                     "only one message size was measured (" +
+                                         format_size(group.sizes.front()) +
+                                         "); caps need at least 2",
+                                     "measure a range of sizes, e.g. 4 KiB to 64 MiB"));
+    }
+    if (out.refusals.size() == errors_before) out.groups.push_back(std::move(group));
+  }
+  return out;
+}
+
+std::string Cap::text() const {
+  switch (kind) {
+    case Kind::kNone:
+      return "none (" + why + ")";
+    case Kind::kOff:
+      return "off (" + preferred + " lost at the smallest compared size, " +
+             detail::size_text(lost_at) + ": " + us_text(lost_us) + " against " +
+             us_text(winner_us) + " for " + winner + ")";
+    case Kind::kBytes:
+      break;
+  }
+  std::string s = detail::size_text(bytes);
+  if (lost_at != 0) {
+    return s + " (" + preferred + " lost at " + detail::size_text(lost_at) + ": " +
+           us_text(lost_us) + " against " + us_text(winner_us) + " for " + winner + ")";
+  }
+  return s + " (" + preferred + " won at every compared size, " + size_list(compared) +
+         "; nothing is known above)";
+}
+
+Cap fusion_cap(const Group& group, double margin_pct) {
+  const bool any_fused = std::any_of(group.curves.begin(), group.curves.end(),
+                                     [](const Curve& c) { return c.option.fused; });
+  const bool any_unfused = std::any_of(group.curves.begin(), group.curves.end(),
+                                       [](const Curve& c) { return !c.option.fused; });
+  if (!any_fused || !any_unfused) {
+    Cap cap;
+    cap.preferred = "fused";
+    cap.why = !any_fused ? "no fused option was measured"
+                         : "no unfused option was measured; add a baseline (fused = 0) to derive a "
+                           "fusion cap";
+    return cap;
+  }
+  Cap cap = derive(
+      group, margin_pct, "fused", [&](std::uint64_t b) { return group.best(b, true); },
+      [&](std::uint64_t b) { return group.best(b, false); });
+  if (cap.compared.empty()) cap.why = "fused and unfused options were never measured at one size";
+  return cap;
+}
+
+Cap oneshot_cap(const Group& group, double margin_pct) {
+  Cap none;
+  none.preferred = "one-shot";
+  if (group.key.nodes != 1) {
+    none.why = "the one-shot table is for single-node trtllm only";
+    return none;
+  }
+  const Curve* one = group.curve(Option{"trtllm", "oneshot", true});
+  const Curve* two = group.curve(Option{"trtllm", "twoshot", true});
+  if (!one || !two) {
+    none.why = "trtllm one-shot and two-shot were not both measured";
+    return none;
+  }
+  auto at = [](const Curve* c) {
+    return [c](std::uint64_t b) -> std::optional<Group::Best> {
+      const Point* p = c->at(b);
+      if (!p) return std::nullopt;
+      return Group::Best{p->latency_us, c};
+    };
+  };
+  Cap cap = derive(group, margin_pct, "one-shot", at(one), at(two));
+  if (cap.compared.empty())
+    cap.why = "trtllm one-shot and two-shot were never measured at one size";
+  return cap;
+}
+
+}  // namespace arbiter::tuning

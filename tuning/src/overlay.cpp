@@ -1,0 +1,277 @@
+#include "arbiter/tuning/overlay.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "arbiter/size.h"
+#include "text.h"
+
+namespace arbiter::tuning {
+namespace {
+
+using detail::number_text;
+using detail::printable;
+using detail::size_cell;
+using detail::yaml_quoted;
+
+// What a cell is keyed by: a group without its dtype.
+struct Scope {
+  Capability capability;
+  std::uint32_t world_size = 0;
+  std::uint32_t nodes = 1;
+  Pattern pattern = Pattern::kAllreduce;
+  friend auto operator<=>(const Scope&, const Scope&) = default;
+
+  std::string to_string() const {
+    return "capability " + capability_name(capability) + ", world size " +
+           std::to_string(world_size) + ", " + std::to_string(nodes) +
+           (nodes == 1 ? " node, " : " nodes, ") + std::string(pattern_name(pattern));
+  }
+};
+
+struct Derived {
+  Dtype dtype;
+  Cap cap;
+};
+
+// The smaller of the usable caps (off < any size); nullptr when none is.
+const Derived* smallest(const std::vector<Derived>& caps) {
+  const Derived* best = nullptr;
+  for (const Derived& d : caps) {
+    if (d.cap.kind == Cap::Kind::kNone) continue;
+    const bool smaller = !best ||
+                         (d.cap.kind == Cap::Kind::kOff && best->cap.kind != Cap::Kind::kOff) ||
+                         (d.cap.kind == Cap::Kind::kBytes && best->cap.kind == Cap::Kind::kBytes &&
+                          d.cap.bytes < best->cap.bytes);
+    if (smaller) best = &d;
+  }
+  return best;
+}
+
+bool same_value(const Cap& a, const Cap& b) {
+  return a.kind == b.kind && (a.kind != Cap::Kind::kBytes || a.bytes == b.bytes);
+}
+
+// One comment line per dtype, and a last one when they disagreed.
+std::string dtype_comment(const std::vector<Derived>& caps, const Derived& chosen,
+                          std::string_view what, bool* disagree_out) {
+  std::string comment;
+  bool disagree = false;
+  for (const Derived& d : caps) {
+    if (!comment.empty()) comment += "\n";
+    comment +=
+        std::string(dtype_name(d.dtype)) + " measured: " + std::string(what) + " " + d.cap.text();
+    if (d.cap.kind != Cap::Kind::kNone && !same_value(d.cap, chosen.cap)) disagree = true;
+  }
+  *disagree_out = disagree;
+  if (disagree) {
+    comment += "\nthe dtypes disagree: the smaller cap (" + std::string(dtype_name(chosen.dtype)) +
+               ") is written, since the tables are not keyed by dtype";
+  }
+  return comment;
+}
+
+std::string cell_line(const OverlayCell& c) {
+  std::string s = "{capability: " + capability_name(c.capability) +
+                  ", world_size: " + std::to_string(c.world_size);
+  if (c.nodes != 0) s += ", nodes: " + std::to_string(c.nodes);
+  s += ", pattern: " + std::string(pattern_name(c.pattern));
+  s += ", max: " + (c.off ? std::string("off") : size_cell(c.bytes)) + "}";
+  return s;
+}
+
+void write_comment(std::string& out, std::string_view indent, std::string_view text) {
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t nl = text.find('\n', start);
+    const std::string_view line =
+        text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
+    out += std::string(indent) + "# " + printable(line) + "\n";
+    if (nl == std::string_view::npos) break;
+    start = nl + 1;
+  }
+}
+
+// Distinct values of a provenance key over the files, "; "-joined.
+std::string provenance_values(const std::vector<ResultsFile>& files,
+                              const std::vector<std::string_view>& keys) {
+  std::vector<std::string> values;
+  for (const ResultsFile& f : files) {
+    for (std::string_view key : keys) {
+      const std::string v = f.provenance_value(key);
+      if (!v.empty() && std::find(values.begin(), values.end(), v) == values.end()) {
+        values.push_back(v);
+      }
+    }
+  }
+  std::string out;
+  for (const std::string& v : values) out += (out.empty() ? "" : "; ") + v;
+  return out;
+}
+
+}  // namespace
+
+Overlay make_overlay(const std::vector<Group>& groups, const std::vector<ResultsFile>& files,
+                     const OverlayOptions& options) {
+  std::map<Scope, std::vector<std::pair<const Group*, Derived>>> fusion_by_scope;
+  std::map<Scope, std::vector<Derived>> oneshot_by_scope;
+  std::map<Scope, bool> has_trtllm;
+  for (const Group& g : groups) {
+    const Scope scope{g.key.capability, g.key.world_size, g.key.nodes, g.key.pattern};
+    fusion_by_scope[scope].push_back({&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct)}});
+    oneshot_by_scope[scope].push_back(Derived{g.key.dtype, oneshot_cap(g, options.margin_pct)});
+    for (const Curve& c : g.curves) {
+      if (c.option.fused && c.option.backend == "trtllm") has_trtllm[scope] = true;
+    }
+  }
+
+  Overlay overlay;
+  std::map<Scope, const OverlayCell*> fusion_cell;
+  overlay.fusion.reserve(fusion_by_scope.size());
+  for (const auto& [scope, entries] : fusion_by_scope) {
+    std::vector<Derived> caps;
+    for (const auto& e : entries) caps.push_back(e.second);
+    const Derived* chosen = smallest(caps);
+    if (!chosen) {
+      std::string why;
+      for (const Derived& d : caps) {
+        why += (why.empty() ? "" : "; ") + std::string(dtype_name(d.dtype)) + ": " + d.cap.why;
+      }
+      overlay.notes.push_back(scope.to_string() + ": no fusion cell (" + why + ")");
+      continue;
+    }
+    OverlayCell cell;
+    cell.capability = scope.capability;
+    cell.world_size = scope.world_size;
+    cell.nodes = scope.nodes > 1 ? scope.nodes : 0;
+    cell.pattern = scope.pattern;
+    cell.off = chosen->cap.kind == Cap::Kind::kOff;
+    cell.bytes = chosen->cap.bytes;
+    bool disagree = false;
+    cell.comment = scope.to_string() + "\n" + dtype_comment(caps, *chosen, "fusion cap", &disagree);
+    if (disagree) {
+      overlay.notes.push_back(scope.to_string() +
+                              ": the dtypes measured give different fusion "
+                              "caps; the smaller is written");
+    }
+    overlay.fusion.push_back(std::move(cell));
+  }
+  for (const OverlayCell& c : overlay.fusion) {
+    fusion_cell[Scope{c.capability, c.world_size, c.nodes == 0 ? 1 : c.nodes, c.pattern}] = &c;
+  }
+
+  for (const auto& [scope, caps] : oneshot_by_scope) {
+    if (scope.nodes != 1 || !has_trtllm[scope]) continue;
+    const Derived* chosen = smallest(caps);
+    if (!chosen) {
+      std::string why;
+      for (const Derived& d : caps) {
+        why += (why.empty() ? "" : "; ") + std::string(dtype_name(d.dtype)) + ": " + d.cap.why;
+      }
+      overlay.notes.push_back(scope.to_string() + ": no one-shot cell (" + why + ")");
+      continue;
+    }
+    if (chosen->cap.kind == Cap::Kind::kOff) {
+      overlay.notes.push_back(
+          scope.to_string() + ": no one-shot cell: " + std::string(dtype_name(chosen->dtype)) +
+          " one-shot cap " + chosen->cap.text() + "; a one-shot cell cannot say off");
+      continue;
+    }
+    OverlayCell cell;
+    cell.capability = scope.capability;
+    cell.world_size = scope.world_size;
+    cell.pattern = scope.pattern;
+    cell.bytes = chosen->cap.bytes;
+    bool disagree = false;
+    cell.comment =
+        scope.to_string() + "\n" + dtype_comment(caps, *chosen, "one-shot cap", &disagree);
+    if (disagree) {
+      overlay.notes.push_back(scope.to_string() +
+                              ": the dtypes measured give different one-shot caps; the smaller "
+                              "is written");
+    }
+    const auto f = fusion_cell.find(scope);
+    if (f != fusion_cell.end() && !f->second->off && f->second->bytes < cell.bytes) {
+      cell.comment += "\nlowered to the fusion cap " + format_size(f->second->bytes) +
+                      ": above it nothing is fused";
+      overlay.notes.push_back(scope.to_string() + ": one-shot cap " + format_size(cell.bytes) +
+                              " lowered to the fusion cap " + format_size(f->second->bytes));
+      cell.bytes = f->second->bytes;
+    }
+    overlay.oneshot.push_back(std::move(cell));
+  }
+
+  // The file.
+  std::string& y = overlay.yaml;
+  const std::string margin = number_text(options.margin_pct) + "%";
+  y += "# Written by `arbiter tune` from benchmark results. A site table (schema/FORMAT.md):\n";
+  y += "# check it with `arbiter validate FILE`; load it with --config FILE or\n";
+  y += "# ARBITER_CONFIG=FILE. It sets only the cells that were measured.\n";
+  y += "#\n";
+  y += "# Every cap is a measured size, never interpolated: the largest size such that at\n";
+  y += "# it and at every smaller measured size the best fused option (fusion) or trtllm\n";
+  y += "# one-shot (oneshot) was at most " + margin +
+       " slower than the best unfused option (two-shot).\n";
+  y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";
+  y += "# alone, and by nodes when the job spans several. The tables are not keyed by\n";
+  y += "# dtype: each cell says which dtype was measured.\n";
+  y += "format: 1\n\n";
+
+  std::string source;
+  for (const ResultsFile& f : files) source += (source.empty() ? "" : ", ") + f.path;
+  std::string devices;
+  for (const Group& g : groups) {
+    if (!g.device.empty() && devices.find(g.device) == std::string::npos) {
+      devices += (devices.empty() ? "" : "; ") + g.device;
+    }
+  }
+  std::string date = provenance_values(files, {"date"});
+  const std::string tuned = options.date.empty() ? std::string() : ", tuned " + options.date;
+  if (date.empty()) date = options.date;
+  y += "provenance:\n";
+  y += "  source: " + yaml_quoted("benchmark results " + source) + "\n";
+  y += "  measured_on: " +
+       yaml_quoted(devices.empty() ? "unknown (no device column or # device: line)" : devices) +
+       "\n";
+  if (!date.empty()) y += "  date: " + yaml_quoted(date) + "\n";
+  y += "  tool: " +
+       yaml_quoted(options.tool.empty() ? "arbiter tune " ARBITER_VERSION : options.tool) + "\n";
+  y += "  notes: " +
+       yaml_quoted("margin " + margin + ": fused (one-shot) kept while at most " + margin +
+                   " slower than unfused (two-shot)" + tuned) +
+       "\n";
+  // Provenance keys of the table format, and the results comments that feed them.
+  const std::vector<std::pair<std::string, std::vector<std::string_view>>> extra = {
+      {"driver", {"driver"}},
+      {"nccl", {"nccl", "nccl_version"}},
+      {"hosts", {"hosts", "host_count"}},
+      {"arbiter_version", {"arbiter_version"}}};
+  for (const auto& [key, aliases] : extra) {
+    const std::string v = provenance_values(files, aliases);
+    if (!v.empty()) y += "  " + key + ": " + yaml_quoted(v) + "\n";
+  }
+
+  if (!overlay.fusion.empty()) {
+    y += "\nfusion:\n";
+    for (const OverlayCell& c : overlay.fusion) {
+      write_comment(y, "  ", c.comment);
+      y += "  - " + cell_line(c) + "\n";
+    }
+  }
+  if (!overlay.oneshot.empty()) {
+    y += "\noneshot:\n  cells:\n";
+    for (const OverlayCell& c : overlay.oneshot) {
+      write_comment(y, "    ", c.comment);
+      y += "    - " + cell_line(c) + "\n";
+    }
+  }
+  if (!overlay.notes.empty()) {
+    y += "\n";
+    write_comment(y, "", "Not written, or changed:");
+    for (const std::string& n : overlay.notes) write_comment(y, "", "  " + n);
+  }
+  return overlay;
+}
+
+}  // namespace arbiter::tuning
