@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,13 @@
 #include "thread_oob.h"
 
 namespace arbiter::test {
+
+// Call first thing in main(), before any CUDA call. Each virtual rank's
+// kernel must run alongside the others; streams that share one of the
+// device's hardware work queues serialise, so rank 8's kernel would wait
+// behind rank 0's, which waits for rank 8's data: a deadlock. The default
+// is 8 queues; 32 (the most) gives each of up to 16 ranks its own.
+inline void prepare_loopback_environment() { setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); }
 
 class LoopbackGroup {
  public:
