@@ -1,0 +1,142 @@
+// The communicator's dispatch for GPU topologies, on a CPU machine: 16 ranks
+// (threads, in-process oob) of capability 103 on 4 nodes of one NVLink
+// domain, with recording modules standing in for mnnvl, trtllm and nccl.
+// With multicast, fused calls go to mnnvl (one-shot while bytes x ranks fit
+// the threshold, two-shot above, up to the 64 MiB cap) and larger ones to
+// the nccl fallback; without multicast everything goes to nccl; a
+// single-node job of 8 ranks goes to trtllm.
+#define BOOST_TEST_MODULE runtime_dispatch
+#include <boost/test/unit_test.hpp>
+
+#include <dlfcn.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arbiter/communicator.h"
+#include "thread_oob.h"
+
+namespace {
+
+using arbiter::Backend;
+
+struct Counts {
+  long oneshot = 0;
+  long twoshot = 0;
+  long native = 0;
+};
+
+const arbiter::Registry& registry() {
+  static const arbiter::Registry r = [] {
+    arbiter::DiscoverOptions o;
+    o.search_path = {ARBITER_RECORDING_DIR};
+    o.default_folder = false;
+    o.probe = {ARBITER_DEVICE_GPU, 0};
+    return arbiter::Registry::discover(o);
+  }();
+  return r;
+}
+
+Counts counts_of(const std::string& name) {
+  registry();  // loads the modules
+  const std::string path = std::string(ARBITER_RECORDING_DIR) + "/libarbiter-" + name + ".so";
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  BOOST_REQUIRE_MESSAGE(h != nullptr, "module " << path << " is not loaded");
+  auto runs = reinterpret_cast<long (*)(int)>(dlsym(h, "recording_runs"));
+  Counts c{runs(ARBITER_ALGORITHM_ONESHOT), runs(ARBITER_ALGORITHM_TWOSHOT),
+           runs(ARBITER_ALGORITHM_NATIVE)};
+  dlclose(h);
+  return c;
+}
+
+struct Call {
+  std::uint32_t tokens;
+  std::uint32_t hidden;
+};
+
+// Runs `calls` on `ranks` communicators; returns rank 0's decisions.
+std::vector<arbiter::Decision> run(int ranks, std::uint32_t nodes, bool multicast,
+                                   const std::vector<Call>& calls) {
+  arbiter::test::ThreadGroup group(ranks);
+  std::vector<std::vector<arbiter::Decision>> decisions(ranks);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        arbiter::CommunicatorOptions o;
+        o.capability = arbiter::Capability::sm(103);
+        o.nodes = nodes;
+        o.nvlink_domain = true;
+        o.multicast = multicast;
+        o.device = r % 4;
+        o.max_tokens = 16384;
+        o.hidden = 7168;
+        o.dtype = arbiter::Dtype::kBf16;
+        o.timeout = std::chrono::seconds(30);
+        const arbiter_oob oob = group.oob(r);
+        arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry(), o);
+        std::vector<std::uint16_t> dummy(1);
+        for (const Call& c : calls) {
+          arbiter_allreduce_args a{};
+          a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+          a.dtype = ARBITER_DTYPE_BF16;
+          a.tokens = c.tokens;
+          a.hidden = c.hidden;
+          a.input = dummy.data();  // the recording modules read nothing
+          a.residual_in = dummy.data();
+          a.gamma = dummy.data();
+          a.norm_out = dummy.data();
+          a.residual_out = dummy.data();
+          const auto result = comm.allreduce_fusion(a, nullptr);
+          if (result.status != ARBITER_OK) errors[r] = result.error;
+          decisions[r].push_back(result.decision);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) BOOST_TEST(errors[r].empty(), "rank " << r << ": " << errors[r]);
+  return decisions[0];
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(ws16_on_four_nodes_with_multicast_runs_fused_on_mnnvl) {
+  const Counts before = counts_of("mnnvl");
+  const Counts nccl_before = counts_of("nccl");
+  // 1 token of 7168 (14 KiB, x16 = 224 KiB <= 1 MiB: one-shot); 64 tokens
+  // (896 KiB: two-shot); 4681 tokens (63.998 MiB: two-shot, at the cap);
+  // 4682 tokens (above the 64 MiB cap: the nccl fallback).
+  const auto d = run(16, 4, true, {{1, 7168}, {64, 7168}, {4681, 7168}, {4682, 7168}});
+  BOOST_REQUIRE_EQUAL(d.size(), 4u);
+  BOOST_TEST((d[0].backend == Backend::kMnnvl && d[0].fused));
+  BOOST_TEST((d[0].algorithm == arbiter::Algorithm::kOneshot));
+  BOOST_TEST((d[1].backend == Backend::kMnnvl && d[1].algorithm == arbiter::Algorithm::kTwoshot));
+  BOOST_TEST((d[2].backend == Backend::kMnnvl && d[2].fused));
+  BOOST_TEST((d[3].backend == Backend::kNccl && !d[3].fused));
+  const Counts after = counts_of("mnnvl");
+  const Counts nccl_after = counts_of("nccl");
+  BOOST_TEST(after.oneshot - before.oneshot == 16);  // every rank ran it
+  BOOST_TEST(after.twoshot - before.twoshot == 32);
+  BOOST_TEST(nccl_after.native - nccl_before.native >= 16);
+}
+
+BOOST_AUTO_TEST_CASE(without_multicast_the_same_job_runs_on_nccl) {
+  const Counts before = counts_of("mnnvl");
+  const auto d = run(16, 4, false, {{1, 7168}, {64, 7168}});
+  for (const auto& x : d) BOOST_TEST((x.backend == Backend::kNccl && !x.fused));
+  const Counts after = counts_of("mnnvl");
+  BOOST_TEST(after.oneshot + after.twoshot == before.oneshot + before.twoshot);
+}
+
+BOOST_AUTO_TEST_CASE(a_single_node_job_runs_fused_on_trtllm) {
+  const Counts before = counts_of("trtllm");
+  const auto d = run(8, 1, false, {{1, 7168}});
+  BOOST_REQUIRE_EQUAL(d.size(), 1u);
+  BOOST_TEST((d[0].backend == Backend::kTrtllm && d[0].fused));
+  BOOST_TEST(counts_of("trtllm").oneshot - before.oneshot == 8);
+}
