@@ -30,7 +30,8 @@ std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
 
 // The granularity both the allocation and the multicast object accept.
 Status granularity(const DriverApi& api, int device, CUmemAllocationHandleType type,
-                   std::uint32_t ranks, std::uint64_t total, std::uint64_t* out) {
+                   std::uint32_t ranks, std::uint64_t total, std::uint64_t* granule,
+                   std::uint64_t* out) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -53,6 +54,7 @@ Status granularity(const DriverApi& api, int device, CUmemAllocationHandleType t
     return driver_failure(api, "cuMulticastGetGranularity", r);
   }
   const std::uint64_t g = memory > multicast ? memory : multicast;
+  *granule = g;
   *out = round_up(total, g);
   return Status();
 }
@@ -155,7 +157,10 @@ Status map_memory(const arbiter_oob& oob, const DriverApi& api, HandleKind kind,
   if (CUresult r = api.device_get(&device, ws.device); r != CUDA_SUCCESS) {
     local = driver_failure(api, "cuDeviceGet", r);
   }
-  if (local.ok()) local = granularity(api, ws.device, type, size, total_bytes, &m.allocation_bytes);
+  if (local.ok()) {
+    local =
+        granularity(api, ws.device, type, size, total_bytes, &m.granularity, &m.allocation_bytes);
+  }
   if (local.ok()) {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -193,8 +198,8 @@ Status map_memory(const arbiter_oob& oob, const DriverApi& api, HandleKind kind,
 
   // 3. One range, rank r's memory at r x stride.
   const std::uint64_t stride = m.allocation_bytes;
-  if (CUresult r =
-          api.mem_address_reserve(&m.range, static_cast<std::size_t>(stride * size), 0, 0, 0);
+  if (CUresult r = api.mem_address_reserve(&m.range, static_cast<std::size_t>(stride * size),
+                                           static_cast<std::size_t>(m.granularity), 0, 0);
       r != CUDA_SUCCESS) {
     local = driver_failure(api, "cuMemAddressReserve", r);
   } else {
@@ -228,15 +233,15 @@ Status map_memory(const arbiter_oob& oob, const DriverApi& api, HandleKind kind,
     }
   }
   if (Status s = common::agree(oob, local, timeout); !s.ok()) return s;
-  if (Status s = share_and_import(oob, api, kind, m.multicast, ws.rank == 0, true, timeout,
-                                  &handles, &valid);
-      !s.ok()) {
-    return s;
-  }
-  if (ws.rank != 0) {
+  const Status shared =
+      share_and_import(oob, api, kind, m.multicast, ws.rank == 0, true, timeout, &handles, &valid);
+  // Recorded before looking at the outcome, so release_memory() frees an
+  // import even when another rank failed (multicast objects are scarce).
+  if (ws.rank != 0 && !valid.empty() && valid[0]) {
     m.multicast = handles[0];
-    m.multicast_valid = valid[0];
+    m.multicast_valid = true;
   }
+  if (!shared.ok()) return shared;
   if (CUresult r = api.multicast_add_device(m.multicast, device); r != CUDA_SUCCESS) {
     local = driver_failure(api, "cuMulticastAddDevice", r);
   } else {
@@ -252,8 +257,8 @@ Status map_memory(const arbiter_oob& oob, const DriverApi& api, HandleKind kind,
     m.multicast_bound = true;
   }
   if (local.ok()) {
-    if (CUresult r =
-            api.mem_address_reserve(&m.multicast_va, static_cast<std::size_t>(stride), 0, 0, 0);
+    if (CUresult r = api.mem_address_reserve(&m.multicast_va, static_cast<std::size_t>(stride),
+                                             static_cast<std::size_t>(m.granularity), 0, 0);
         r != CUDA_SUCCESS) {
       local = driver_failure(api, "cuMemAddressReserve(multicast)", r);
     } else {

@@ -134,19 +134,34 @@ Status check_group(const std::vector<Hello>& all) {
   return Status();
 }
 
-bool all_in_one_process(const std::vector<Hello>& all) {
-  return std::all_of(all.begin(), all.end(),
-                     [&](const Hello& h) { return h.process == all[0].process; });
+bool same_gpu(const Hello& a, const Hello& b) {
+  return std::memcmp(a.gpu.uuid, b.gpu.uuid, sizeof a.gpu.uuid) == 0;
+}
+
+// Loopback: every rank in this process and on one GPU.
+bool loopback_group(const std::vector<Hello>& all) {
+  return std::all_of(all.begin(), all.end(), [&](const Hello& h) {
+    return h.process == all[0].process && same_gpu(h, all[0]);
+  });
 }
 
 // How ranks in different processes share memory, or why they cannot.
 Status choose_handles(const std::vector<Hello>& all, HandleKind* kind) {
   for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r].process == all[0].process && r != 0) {
-      return Status(ARBITER_UNSUPPORTED,
-                    "ranks 0 and " + std::to_string(r) +
-                        " share a process but others do not; run one rank per process, or "
-                        "every rank in one process (loopback)");
+    for (std::size_t q = 0; q < r; ++q) {
+      if (all[q].process == all[r].process) {
+        return Status(ARBITER_UNSUPPORTED,
+                      "ranks " + std::to_string(q) + " and " + std::to_string(r) +
+                          " share a process but the group is not all in one process on one GPU "
+                          "(loopback); run one rank per process and GPU");
+      }
+      if (same_gpu(all[q], all[r])) {
+        return Status(ARBITER_UNSUPPORTED,
+                      "ranks " + std::to_string(q) + " and " + std::to_string(r) +
+                          " use the same GPU from different processes; their kernels would not "
+                          "run at the same time and would wait for each other forever. Give "
+                          "each rank its own GPU (device = LOCAL_RANK)");
+      }
     }
     if (!all[r].multicast) {
       return Status(ARBITER_UNAVAILABLE, "rank " + std::to_string(r) +
@@ -154,13 +169,15 @@ Status choose_handles(const std::vector<Hello>& all, HandleKind* kind) {
                                              "use trtllm on one node or nccl");
     }
   }
-  const bool fabric = std::all_of(all.begin(), all.end(), [](const Hello& h) { return h.fabric; });
+  // One host: file descriptors always work there, while FABRIC handles also
+  // need the IMEX service, which single-node boxes often do not run.
   const bool one_host =
       std::all_of(all.begin(), all.end(), [&](const Hello& h) { return h.host == all[0].host; });
-  if (fabric) {
-    *kind = HandleKind::kFabric;
-  } else if (one_host) {
+  const bool fabric = std::all_of(all.begin(), all.end(), [](const Hello& h) { return h.fabric; });
+  if (one_host) {
     *kind = HandleKind::kPosixFd;
+  } else if (fabric) {
+    *kind = HandleKind::kFabric;
   } else {
     return Status(ARBITER_UNAVAILABLE,
                   "the ranks span hosts but not every GPU supports FABRIC handles (is the IMEX "
@@ -192,9 +209,15 @@ Status initialise(arbiter_workspace& ws) {
 Status probe_multicast(const arbiter_oob& oob, arbiter_workspace& ws) {
   const std::int64_t timeout = ws.timeout_ms;
   Status local;
-  cudaError_t e = launch_multicast_probe(ws.multicast + ws.layout.buffers_offset, ws.rank,
-                                         kProbeMagic, nullptr);
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  // A private stream: waiting for the whole device (or the legacy default
+  // stream) could wait on a framework's work that waits on the peers.
+  cudaStream_t stream = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) {
+    e = launch_multicast_probe(ws.multicast + ws.layout.buffers_offset, ws.rank, kProbeMagic,
+                               stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) {
     local = Status(ARBITER_UNAVAILABLE, cuda_message("a store through the multicast mapping", e));
   }
@@ -219,10 +242,11 @@ Status probe_multicast(const arbiter_oob& oob, arbiter_workspace& ws) {
   }
   if (local.ok()) {
     e = launch_fill_sentinel(ws.peers[ws.rank] + ws.layout.buffers_offset, 16 * ws.world_size,
-                             nullptr);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+                             stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess) local = Status(ARBITER_INTERNAL, cuda_message("after the probe", e));
   }
+  if (stream != nullptr) cudaStreamDestroy(stream);
   return common::agree(oob, local, timeout);
 }
 
@@ -247,10 +271,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   ws.device = spec.device;
   ws.rank = static_cast<std::uint32_t>(oob.rank);
   ws.world_size = static_cast<std::uint32_t>(oob.size);
-  ws.spin_timeout_ns =
-      spec.timeout_ms <= 0
-          ? 0
-          : static_cast<std::uint64_t>(std::max<std::int64_t>(spec.timeout_ms, 1000)) * 1000000ull;
+  Status local = common::kernel_timeout_ns(&ws.spin_timeout_ns);
 
   DeviceScope scope;
   Hello mine{};
@@ -258,7 +279,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   mine.host = common::host_identity();
   mine.process = common::process_identity();
   mine.device = spec.device;
-  Status local = check_spec(oob, spec);
+  if (local.ok()) local = check_spec(oob, spec);
   if (local.ok()) {
     if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
       local = Status(ARBITER_UNAVAILABLE,
@@ -278,7 +299,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   if (s.ok()) s = check_group(hellos);
   if (!s.ok()) return s;
 
-  ws.loopback = all_in_one_process(hellos);
+  ws.loopback = loopback_group(hellos);
   if (ws.loopback) {
     void* base = nullptr;
     if (cudaError_t e = cudaMalloc(&base, ws.layout.total_bytes); e != cudaSuccess) {

@@ -18,6 +18,7 @@
 
 // What the driver-API path holds, released in reverse order on destroy.
 struct MnnvlMemory {
+  std::uint64_t granularity = 0;       // of both the allocation and the multicast object
   std::uint64_t allocation_bytes = 0;  // the layout's total, rounded to the granularity
   CUmemGenericAllocationHandle local = 0;
   bool local_created = false;

@@ -50,6 +50,7 @@ struct Hello {
   std::uint64_t message_capacity;
   std::uint64_t total_bytes;
   std::uint64_t base;
+  std::uint32_t ipc_ok;  // cudaIpcGetMemHandle succeeded
   cudaIpcMemHandle_t handle;
   char reason[kReasonBytes];
 };
@@ -129,10 +130,10 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
   if (e != cudaSuccess)
     return Status(ARBITER_INTERNAL, cuda_message("initialising the workspace", e));
 
-  if (e = cudaIpcGetMemHandle(&hello.handle, base); e != cudaSuccess) {
-    cudaGetLastError();
-    return Status(ARBITER_UNAVAILABLE, cuda_message("cudaIpcGetMemHandle", e));
-  }
+  // Only peers in other processes need the handle; in-process peers (loopback)
+  // use the pointer, so a failure here matters only if such a peer exists.
+  hello.ipc_ok = cudaIpcGetMemHandle(&hello.handle, base) == cudaSuccess ? 1 : 0;
+  cudaGetLastError();
   return Status();
 }
 
@@ -196,6 +197,11 @@ Status map_peer(arbiter_workspace& ws, const Hello& mine, const Hello& peer, std
     ws.peers[q] = reinterpret_cast<char*>(static_cast<std::uintptr_t>(peer.base));
     return Status();
   }
+  if (!peer.ipc_ok) {
+    return Status(ARBITER_UNAVAILABLE, "rank " + std::to_string(q) +
+                                           " could not export its workspace (cudaIpcGetMemHandle "
+                                           "failed there); CUDA IPC is needed across processes");
+  }
   void* mapped = nullptr;
   if (cudaError_t e = cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess);
       e != cudaSuccess) {
@@ -231,20 +237,14 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   ws.device = spec.device;
   ws.rank = static_cast<std::uint32_t>(oob.rank);
   ws.world_size = static_cast<std::uint32_t>(oob.size);
-  // A peer that never shows up ends the kernel with an error after this long
-  // instead of hanging it (at least 1 s; no deadline when timeout_ms <= 0).
-  ws.spin_timeout_ns =
-      spec.timeout_ms <= 0
-          ? 0
-          : static_cast<std::uint64_t>(std::max<std::int64_t>(spec.timeout_ms, 1000)) * 1000000ull;
-
   DeviceScope scope;
   Hello mine{};
   mine.magic = kHelloMagic;
   mine.host = common::host_identity();
   mine.process = common::process_identity();
   mine.device = spec.device;
-  Status local = check_spec(oob, spec);
+  Status local = common::kernel_timeout_ns(&ws.spin_timeout_ns);
+  if (local.ok()) local = check_spec(oob, spec);
   if (local.ok()) {
     if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
       local = Status(ARBITER_UNAVAILABLE,

@@ -5,7 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -115,6 +117,32 @@ inline Status probe_gpu(const arbiter_probe_args& args, std::uint32_t min_capabi
                       " (rebuild with -DARBITER_CUDA_ARCHITECTURES including it)");
   }
   *capability = cap;
+  return Status();
+}
+
+// How long a kernel waits for a peer before it traps (ending the stream in
+// a CUDA error instead of hanging the job): ARBITER_KERNEL_TIMEOUT_MS, in
+// milliseconds, 0 for no deadline; 10 minutes by default, the same as
+// PyTorch's NCCL watchdog, so a peer that is merely late (compilation, graph
+// capture, a host stall) never kills a healthy job. Not the rendezvous
+// timeout: that one bounds workspace creation.
+inline Status kernel_timeout_ns(std::uint64_t* out) {
+  constexpr std::uint64_t kDefaultMs = 600000;
+  const char* text = std::getenv("ARBITER_KERNEL_TIMEOUT_MS");
+  std::uint64_t ms = kDefaultMs;
+  if (text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    // 2^44 ms is over 500 years; beyond it the nanoseconds would overflow.
+    if (*end != '\0' || errno != 0 || text[0] == '-' || v > (1ull << 44)) {
+      return Status(ARBITER_INVALID_ARGUMENT,
+                    std::string("ARBITER_KERNEL_TIMEOUT_MS=") + text +
+                        ": not a whole number of milliseconds (0 turns the deadline off)");
+    }
+    ms = v;
+  }
+  *out = ms * 1000000ull;
   return Status();
 }
 

@@ -9,7 +9,8 @@
 //   FP8:   quant_out = e4m3(y / scale)                 (scale: the dequant scale)
 //   NVFP4: see nvfp4.h, with scale = the global scale
 // Every value is rounded to the dtype where it is stored, and later steps read
-// the stored value, exactly as an unfused sequence of kernels would.
+// the stored value, exactly as an unfused sequence of kernels would. (The GPU
+// kernels store a sum that rounds to -0.0 as +0.0: equal in value.)
 //
 // The per-element pieces are ARBITER_HD so a CUDA kernel calls them per
 // element and reduces the sum of squares its own way; apply_epilogue_token()

@@ -43,7 +43,10 @@ __device__ inline void apply_epilogue(const EpilogueParams& p, std::uint32_t tok
   const std::uint64_t first = std::uint64_t{token} * p.hidden + std::uint64_t{lane.vector} * kN;
   const std::uint64_t offset = first * kElementBytes;
 
-  const uint4 s_bits = pack<kDtype>(sum);
+  // A sum that rounds to -0.0 (a tiny negative fp32 sum) is stored as +0.0
+  // by every algorithm alike: mnnvl two-shot must sanitise the sums it
+  // broadcasts, and the others follow so that all give the same bits.
+  const uint4 s_bits = sanitize<kDtype>(pack<kDtype>(sum));
   if (lane.active && p.allreduce_out != nullptr) {
     store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
   }
