@@ -35,12 +35,16 @@ inline void prepare_loopback_environment() { setenv("CUDA_DEVICE_MAX_CONNECTIONS
 
 class LoopbackGroup {
  public:
+  static constexpr int kMaxLoopbackRanks = 32;
+
   // spec.rank is ignored (each virtual rank gets its own); spec.world_size
   // is the number of virtual ranks. Check ok() afterwards.
   LoopbackGroup(const arbiter_backend_v1_t& api, const arbiter_workspace_spec& spec)
-      : api_(api), size_(spec.world_size), group_(spec.world_size) {
-    if (size_ < 1) {
-      error_ = "loopback: world size " + std::to_string(size_) + " < 1";
+      : api_(api), size_(spec.world_size), group_(spec.world_size > 0 ? spec.world_size : 1) {
+    if (size_ < 1 || size_ > kMaxLoopbackRanks) {
+      error_ = "loopback: world size " + std::to_string(size_) + " is outside 1.." +
+               std::to_string(kMaxLoopbackRanks) +
+               " (each virtual rank needs its own hardware work queue; a GPU has 32)";
       return;
     }
     if (const cudaError_t e = cudaSetDevice(spec.device); e != cudaSuccess) {
