@@ -5,8 +5,9 @@
 #include "cli.h"
 
 namespace arbiter::cli {
-int cmd_tune(const Args& args);  // cmd_tune.cpp
-int cmd_plot(const Args& args);  // cmd_plot.cpp
+int cmd_tune(const Args& args);   // cmd_tune.cpp
+int cmd_plot(const Args& args);   // cmd_plot.cpp
+int cmd_bench(const Args& args);  // cmd_bench.cpp
 }  // namespace arbiter::cli
 
 namespace {
@@ -24,6 +25,7 @@ constexpr const char* kUsage =
     "  plugins   backend modules found, and available or why not (--json)\n"
     "  tune      caps, regret and a site overlay from benchmark results (CSV)\n"
     "  plot      latency charts (SVG) from benchmark results, with the tables' decisions\n"
+    "  bench     measure every backend and algorithm on every rank (results CSV for tune)\n"
     "\n"
     "Run `arbiter COMMAND --help` for a command's options.\n"
     "Environment: ARBITER_CONFIG (site tables, ':'-separated),\n"
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
     if (command == "plugins") return cmd_plugins(args);
     if (command == "tune") return cmd_tune(args);
     if (command == "plot") return cmd_plot(args);
+    if (command == "bench") return cmd_bench(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::cout << kUsage;
       return kExitOk;

@@ -1,6 +1,7 @@
 #include "arbiter/communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <iostream>
 #include <type_traits>
@@ -57,6 +58,8 @@ struct Communicator::Impl {
   // policy no longer allows them.
   std::uint32_t unusable_candidates = 0;
   std::vector<std::string> dropped;
+  // Why a backend has no workspace (for run_on); empty for usable ones.
+  std::array<std::string, kBackendCount> no_workspace;
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
       : oob(o), policy(std::move(p)), options(opt) {}
@@ -79,7 +82,12 @@ struct Communicator::Impl {
     return r;
   }
 
+  Backend fallback() const {
+    return policy.tables().fallback[static_cast<int>(options.capability.device())];
+  }
+
   void drop(Backend b, const std::string& why) {
+    no_workspace[static_cast<int>(b)] = why;
     dropped.push_back(std::string(backend_name(b)) + ": " + why);
     if (oob.rank == 0) std::cerr << "arbiter: backend " << dropped.back() << "\n";
   }
@@ -127,8 +135,10 @@ void Communicator::Impl::create(const Registry& registry) {
   }
   const std::uint64_t largest_call =
       Request::message_bytes_of(options.max_tokens, options.hidden, options.dtype);
+  // What fused workspaces hold: the cap, or more for a bench.
+  const std::uint64_t fused_bytes = std::max(fused_cap, options.fused_workspace_bytes);
   std::vector<Backend> candidates;
-  if (fused_cap > 0) {
+  if (fused_bytes > 0) {
     for (Backend b : t.preference[static_cast<int>(topo)]) candidates.push_back(b);
   }
   const Backend fallback = t.fallback[kind];
@@ -136,9 +146,20 @@ void Communicator::Impl::create(const Registry& registry) {
       std::find(candidates.begin(), candidates.end(), fallback) == candidates.end()) {
     candidates.push_back(fallback);
   }
+  for (int i = 0; i < kBackendCount; ++i) {
+    no_workspace[i] = "not a candidate here (neither in the tables' " +
+                      std::string(topology_name(topo)) +
+                      " preference list nor the fallback, or nothing is fused at this world "
+                      "size)";
+  }
   for (Backend b : candidates) {
     const int i = static_cast<int>(b);
-    if (!((t.allowed_mask >> i) & 1u)) continue;  // the tables never pick it
+    if (!((t.allowed_mask >> i) & 1u)) {  // the tables never pick it
+      no_workspace[i] =
+          "not allowed by the tables (allowed: " + backend_mask_names(t.allowed_mask) +
+          "; see `enabled:` and ARBITER_BACKENDS)";
+      continue;
+    }
     if (!((common >> i) & 1u)) {
       unusable_candidates |= 1u << i;
       drop(b, (local >> i) & 1u ? "unavailable on another rank" : why_unavailable(registry, b));
@@ -157,11 +178,11 @@ void Communicator::Impl::create(const Registry& registry) {
     // slices of its workspace (run_in_slices), so it needs no more than the
     // cap or kFallbackSliceBytes: a workspace the size of the largest call
     // would cost (4 ws + 1) times that in /dev/shm for shm.
-    spec.max_message_bytes = fused_cap;
+    spec.max_message_bytes = fused_bytes;
     if (b == fallback) {
       const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);
       spec.max_message_bytes = std::max(
-          {fused_cap,
+          {fused_bytes,
            std::min(largest_call == 0 ? kFallbackSliceBytes : largest_call, kFallbackSliceBytes),
            token});
     }
@@ -177,6 +198,7 @@ void Communicator::Impl::create(const Registry& registry) {
     }
     workspaces[i] = {module, handle};
     usable |= 1u << i;
+    no_workspace[i].clear();
   }
   if (fallback == Backend::kNone || !((usable >> static_cast<int>(fallback)) & 1u)) {
     destroy();
@@ -234,7 +256,7 @@ std::uint64_t Communicator::Impl::capacity(Backend b, Algorithm algorithm) const
 Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
                                     std::uint32_t excluded) const {
   Request r = request_for(args, excluded);
-  const Backend fallback = policy.tables().fallback[static_cast<int>(options.capability.device())];
+  const Backend fallback = this->fallback();
   for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
     const Decision d = policy.decide(r);
     // Never send a message larger than a fused workspace's per-call capacity;
@@ -327,6 +349,51 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
     }
     result.status = ARBITER_INTERNAL;
     result.error = "no backend accepted the call";
+  } catch (const std::exception& e) {
+    result.status = ARBITER_INTERNAL;
+    result.error = e.what();
+  }
+  return result;
+}
+
+Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
+                                          const arbiter_allreduce_args& args,
+                                          void* stream) noexcept {
+  Result result;
+  try {
+    const int i = static_cast<int>(backend);
+    if (i < 0 || i >= kBackendCount || static_cast<int>(algorithm) > 2) {
+      result.status = ARBITER_INVALID_ARGUMENT;
+      result.error = "run_on: unknown backend or algorithm";
+      return result;
+    }
+    const bool unfused = backend == impl_->fallback() && algorithm == Algorithm::kNative;
+    result.decision.backend = backend;
+    result.decision.algorithm = algorithm;
+    result.decision.fused = !unfused;
+    const std::string name(backend_name(backend));
+    // Every check below reads only the shape and what every rank shares.
+    if (!((impl_->usable >> i) & 1u)) {
+      result.status = ARBITER_UNSUPPORTED;
+      result.error = name + " has no workspace: " + impl_->no_workspace[i];
+      return result;
+    }
+    arbiter_allreduce_args call = args;
+    call.algorithm = static_cast<arbiter_algorithm>(algorithm);
+    const std::uint64_t bytes =
+        Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
+    const std::uint64_t capacity = impl_->capacity(backend, algorithm);
+    if (!unfused && bytes > capacity) {
+      result.status = ARBITER_UNSUPPORTED;
+      result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
+                     " workspace's " + std::string(algorithm_name(algorithm)) + " capacity of " +
+                     std::to_string(capacity) +
+                     " bytes per call (create the communicator with a larger "
+                     "fused_workspace_bytes)";
+      return result;
+    }
+    result.status =
+        static_cast<arbiter_status>(impl_->run_in_slices(backend, call, stream, result.error));
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
     result.error = e.what();

@@ -34,6 +34,14 @@ struct CommunicatorOptions {
   Dtype dtype = Dtype::kBf16;
   std::uint32_t pattern_mask = 0xF;  // bit (1 << Pattern)
   std::chrono::milliseconds timeout{60000};
+  // 0 (the default): fused workspaces hold the policy's max_fused_bytes, as
+  // a framework needs. N > 0: every workspace holds at least N bytes per
+  // rank per call, and the fused backends of the topology's preference list
+  // get one even where the tables fuse nothing (no cell, or `off`), so that
+  // run_on() can measure what a table lacks (`arbiter bench`). Memory grows
+  // with N: shm keeps 4 x world size + 1 copies in /dev/shm, trtllm three
+  // one-shot stages of world size x N per GPU.
+  std::uint64_t fused_workspace_bytes = 0;
 };
 
 // Thrown by the constructor; every rank throws (creation is all or nothing).
@@ -62,6 +70,27 @@ class Communicator {
 
   // The decision allreduce_fusion() would take, without running it.
   Decision decide(const arbiter_allreduce_args& args) const noexcept;
+
+  // One call on `backend` with `algorithm`, bypassing the policy: what
+  // `arbiter bench` measures. The fallback backend with kNative runs the
+  // unfused path (in slices when the message exceeds its workspace, as
+  // allreduce_fusion() would); anything else is a fused call and is never
+  // sliced. args.algorithm is ignored. result.decision names the backend,
+  // algorithm and fused-ness that ran (its reason and cap are not set).
+  //
+  // ARBITER_UNSUPPORTED, with the reason in result.error, when the backend
+  // cannot take the call: it has no workspace here (not allowed by the
+  // tables or ARBITER_BACKENDS, unavailable, not a candidate for this
+  // topology, or its creation failed: the reason says which), the message
+  // exceeds its workspace's per-call capacity, or the module's guards
+  // refuse the shape (the module's message). Every such refusal depends only
+  // on the call's shape and on what all ranks share (workspaces are created
+  // collectively; module guards read the shape and the workspace), so it
+  // happens identically on every rank before any rank enqueues anything:
+  // a refused call never leaves a peer waiting. Collective otherwise (every
+  // rank, same arguments but the buffers). Never throws.
+  Result run_on(Backend backend, Algorithm algorithm, const arbiter_allreduce_args& args,
+                void* stream) noexcept;
 
   const Policy& policy() const;
   int rank() const;

@@ -5,6 +5,11 @@
 //                call: the call still runs (in slices) and is right
 //   fingerprint  rank 1 restricts ARBITER_BACKENDS: creation must fail on
 //                every rank, naming the mismatch
+//   run_on       calls forced onto a backend and algorithm (what `arbiter
+//                bench` times): right where the policy would choose
+//                otherwise, above the fused cap once fused_workspace_bytes
+//                sizes the workspace, and refused with the reason, on every
+//                rank alike, where the backend cannot take the call
 // Prints "rank R: OK" and exits 0 when the mode's expectations hold.
 #include <cstdio>
 #include <cstdlib>
@@ -46,9 +51,18 @@ struct Case {
   std::uint32_t hidden;
 };
 
+// A call forced past the policy (Communicator::run_on).
+struct Forced {
+  arbiter::Backend backend;
+  arbiter::Algorithm algorithm;
+};
+
 // Runs one call and checks it; "" when right on this rank and equal on all.
+// With `forced`, runs it through run_on() instead; `status` (if given)
+// receives the call's status.
 std::string run_case(arbiter::Bootstrap& boot, arbiter::Communicator& comm, const Case& c,
-                     std::string* decision) {
+                     std::string* decision, const Forced* forced = nullptr,
+                     arbiter_status* status = nullptr) {
   const std::size_t count = std::size_t{c.tokens} * c.hidden;
   std::vector<std::vector<std::uint8_t>> inputs;
   for (int r = 0; r < boot.world_size(); ++r) inputs.push_back(make_input(r, count, c.dtype));
@@ -72,10 +86,12 @@ std::string run_case(arbiter::Bootstrap& boot, arbiter::Communicator& comm, cons
     a.gamma = gamma.data();
     a.norm_out = norm_out.data();
   }
-  const auto result = comm.allreduce_fusion(a, nullptr);
+  const auto result = forced ? comm.run_on(forced->backend, forced->algorithm, a, nullptr)
+                             : comm.allreduce_fusion(a, nullptr);
   const auto& d = result.decision;
   *decision = std::string(arbiter::backend_name(d.backend)) + " " +
               std::string(arbiter::algorithm_name(d.algorithm)) + (d.fused ? " fused" : " unfused");
+  if (status) *status = result.status;
   if (result.status != ARBITER_OK)
     return "status " + std::to_string(result.status) + ": " + result.error;
   arbiter::common::ReferenceCase rc;
@@ -177,12 +193,102 @@ int main(int argc, char** argv) try {
     arbiter::Communicator comm(*boot.oob(), policy, registry,
                                cpu_options(2, 4096, arbiter::Dtype::kBf16));
     std::string decision;
-    const std::string problem = run_case(
-        boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_BF16, 1200, 4096}, &decision);
+    const std::string problem =
+        run_case(boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_BF16, 1200, 4096},
+                 &decision);
     report("1200 tokens through a 4 MiB workspace", decision, problem);
     if (decision != "shm native unfused") {
       ++failures;
       std::printf("expected the unfused fallback, got %s\n", decision.c_str());
+    }
+  } else if (mode == "run_on") {
+    using arbiter::Algorithm;
+    using arbiter::Backend;
+    // Declared largest call: 2 tokens, so without fused_workspace_bytes the
+    // shm workspace holds only the 4 MiB fused cap of the cpu row.
+    arbiter::CommunicatorOptions sized = cpu_options(2, 4096, arbiter::Dtype::kBf16);
+    sized.fused_workspace_bytes = 6 * 1024 * 1024;
+    arbiter::Communicator plain(*boot.oob(), policy, registry,
+                                cpu_options(2, 4096, arbiter::Dtype::kBf16));
+    arbiter::Communicator comm(*boot.oob(), policy, registry, sized);
+    struct Expect {
+      const char* what;
+      arbiter::Communicator* comm;
+      Case c;
+      Forced forced;
+      const char* decision;
+      const char* refusal;  // nullptr: must run and be right
+    };
+    const auto bf16 = ARBITER_DTYPE_BF16;
+    const auto norm = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+    const Expect cases[] = {
+        // 36 x 7168 bf16 (504 KiB): the policy takes two-shot; forced one-shot.
+        {"one-shot where the policy takes two-shot",
+         &comm,
+         {norm, bf16, 36, 7168},
+         {Backend::kShm, Algorithm::kOneshot},
+         "shm oneshot fused",
+         nullptr},
+        // 1 token: the policy takes one-shot; forced two-shot (empty slices).
+        {"two-shot of one token",
+         &comm,
+         {ARBITER_PATTERN_ALLREDUCE, bf16, 1, 2880},
+         {Backend::kShm, Algorithm::kTwoshot},
+         "shm twoshot fused",
+         nullptr},
+        // 640 x 4096 bf16 = 5 MiB, above the 4 MiB cap: fused only because
+        // fused_workspace_bytes sized the workspace for it.
+        {"fused above the cap",
+         &comm,
+         {norm, bf16, 640, 4096},
+         {Backend::kShm, Algorithm::kTwoshot},
+         "shm twoshot fused",
+         nullptr},
+        {"unfused fallback",
+         &comm,
+         {norm, bf16, 640, 4096},
+         {Backend::kShm, Algorithm::kNative},
+         "shm native unfused",
+         nullptr},
+        {"fused above a default workspace",
+         &plain,
+         {norm, bf16, 640, 4096},
+         {Backend::kShm, Algorithm::kOneshot},
+         "shm oneshot fused",
+         "exceeds the shm workspace's oneshot capacity of 4194304 bytes per call"},
+        {"unfused above a default workspace (slices)",
+         &plain,
+         {norm, bf16, 640, 4096},
+         {Backend::kShm, Algorithm::kNative},
+         "shm native unfused",
+         nullptr},
+        {"a GPU backend on CPU ranks",
+         &comm,
+         {norm, bf16, 4, 4096},
+         {Backend::kTrtllm, Algorithm::kOneshot},
+         "trtllm oneshot fused",
+         "trtllm has no workspace: not a candidate here"},
+        {"a pattern the module refuses",
+         &comm,
+         {ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4, bf16, 4, 4096},
+         {Backend::kShm, Algorithm::kOneshot},
+         "shm oneshot fused",
+         "residual_rmsnorm_fp4 (NVFP4) is not supported on CPU ranks"},
+    };
+    for (const Expect& e : cases) {
+      std::string decision;
+      arbiter_status status = ARBITER_OK;
+      std::string problem = run_case(boot, *e.comm, e.c, &decision, &e.forced, &status);
+      if (decision != e.decision) problem = "ran as " + decision + ", expected " + e.decision;
+      if (e.refusal) {
+        const bool refused =
+            status == ARBITER_UNSUPPORTED && problem.find(e.refusal) != std::string::npos;
+        if (refused) std::printf("%s: refused: %s\n", e.what, problem.c_str());
+        problem = refused ? ""
+                          : "expected a refusal naming '" + std::string(e.refusal) +
+                                "', got: " + (problem.empty() ? "ok" : problem);
+      }
+      report(e.what, decision, problem);
     }
   } else if (mode == "fingerprint") {
     try {

@@ -1,7 +1,8 @@
 // The communicator across real processes through `arbiter launch`: the
 // policy's decisions run on the shm backend, results are right and equal on
-// every rank, too-large messages still run, mismatched tables are refused,
-// and nothing is left in /dev/shm.
+// every rank, too-large messages still run, calls forced onto a backend
+// (run_on) run or are refused alike on every rank, mismatched tables are
+// refused, and nothing is left in /dev/shm.
 #define BOOST_TEST_MODULE runtime_communicator
 #include <boost/test/unit_test.hpp>
 
@@ -54,6 +55,27 @@ BOOST_AUTO_TEST_CASE(a_message_larger_than_the_workspace_still_runs_right) {
   const CommandResult r = launch(4, "slices");
   BOOST_TEST(r.exit_code == 0, r.output);
   BOOST_TEST(contains(r.output, "shm native unfused: ok"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(run_on_forces_a_backend_and_refuses_alike_on_every_rank) {
+  const int before = arbiter_shm_files();
+  const CommandResult r = launch(4, "run_on");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  for (int k = 0; k < 4; ++k) {
+    const std::string rank = "[rank " + std::to_string(k) + "] ";
+    BOOST_TEST(contains(r.output, "rank " + std::to_string(k) + ": OK"), r.output);
+    // Refused before anything ran, on every rank, with the reason.
+    BOOST_TEST(contains(r.output, rank + "fused above a default workspace: refused"), r.output);
+    BOOST_TEST(contains(r.output, rank + "a GPU backend on CPU ranks: refused"), r.output);
+    BOOST_TEST(contains(r.output, rank + "a pattern the module refuses: refused"), r.output);
+  }
+  BOOST_TEST(contains(r.output, "one-shot where the policy takes two-shot: shm oneshot fused: ok"),
+             r.output);
+  BOOST_TEST(contains(r.output, "fused above the cap: shm twoshot fused: ok"), r.output);
+  BOOST_TEST(
+      contains(r.output, "unfused above a default workspace (slices): shm native unfused: ok"),
+      r.output);
+  BOOST_TEST(arbiter_shm_files() == before);
 }
 
 BOOST_AUTO_TEST_CASE(ranks_with_different_tables_are_refused) {
