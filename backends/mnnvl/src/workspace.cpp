@@ -27,6 +27,7 @@
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
 #include "arbiter/common/gpu_share.h"
+#include "arbiter/common/rank_hello.h"
 #include "driver_api.h"
 #include "kernels.h"
 #include "vmm.h"
@@ -42,37 +43,18 @@ constexpr std::uint32_t kHelloMagic = 0x4d4e564cu;  // "MNVL"; bump with the lay
 constexpr std::uint32_t kProbeMagic = 0x6d637374u;
 
 struct Hello {
-  std::uint32_t magic;
   std::int32_t status;
-  std::uint64_t host;
-  std::uint64_t process;
-  std::int32_t device;
-  std::uint32_t capability;
-  common::GpuShare gpu;
-  std::uint32_t world_size;
-  std::int32_t dtype;
-  std::uint64_t message_capacity;
-  std::uint64_t total_bytes;
+  common::RankHello rank;
   std::uint32_t fabric;     // the device supports FABRIC handles
   std::uint32_t multicast;  // the device says it supports multicast
-  std::uint64_t base;       // loopback: this rank's allocation
   char reason[240];
 };
 
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
-  if (spec.world_size != oob.size || spec.rank != oob.rank) {
-    return Status(ARBITER_INVALID_ARGUMENT,
-                  "spec says rank " + std::to_string(spec.rank) + " of " +
-                      std::to_string(spec.world_size) + ", the oob group says rank " +
-                      std::to_string(oob.rank) + " of " + std::to_string(oob.size));
-  }
+  if (Status s = common::check_rank_spec(oob, spec, "mnnvl"); !s.ok()) return s;
   if (oob.size < 2 || oob.size > static_cast<std::int32_t>(kMaxRanks)) {
     return Status(ARBITER_UNSUPPORTED,
                   "world size " + std::to_string(oob.size) + " is outside 2..64");
-  }
-  if (spec.device < 0) {
-    return Status(ARBITER_INVALID_ARGUMENT, "spec.device is " + std::to_string(spec.device) +
-                                                "; mnnvl needs a CUDA ordinal (LOCAL_RANK)");
   }
   return Status();
 }
@@ -83,16 +65,11 @@ Status describe(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello
                                       spec.max_tokens, spec.hidden);
   if (!layout.ok()) return layout.status();
   ws.layout = layout.value();
-  hello.world_size = ws.layout.world_size;
-  hello.dtype = ws.layout.dtype;
-  hello.message_capacity = ws.layout.message_capacity;
-  hello.total_bytes = ws.layout.total_bytes;
-  if (Status s =
-          common::describe_gpu(spec.device, query_max_active_clusters, &ws.capability, &hello.gpu);
+  if (Status s = common::describe_rank(ws.layout, spec.device, query_max_active_clusters,
+                                       &ws.capability, &hello.rank);
       !s.ok()) {
     return s;
   }
-  hello.capability = ws.capability;
   // What the device says; multicast is then checked by use.
   const DriverApi* api = nullptr;
   CUdevice device = 0;
@@ -111,37 +88,14 @@ Status describe(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello
   return Status();
 }
 
-Status check_group(const std::vector<Hello>& all) {
-  const Hello& a = all[0];
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    const Hello& b = all[r];
-    const std::string rank = "rank " + std::to_string(r);
-    if (b.magic != kHelloMagic) {
-      return Status(ARBITER_INVALID_ARGUMENT, rank + " runs a different build of this module");
-    }
-    if (b.world_size != a.world_size || b.dtype != a.dtype ||
-        b.message_capacity != a.message_capacity || b.total_bytes != a.total_bytes) {
-      return Status(ARBITER_INVALID_ARGUMENT,
-                    "ranks disagree on the workspace (world size, dtype, message capacity): "
-                    "rank 0 and " +
-                        rank + " were given different specs");
-    }
-    if (b.capability != a.capability) {
-      return Status(ARBITER_UNSUPPORTED, rank + " has capability " + std::to_string(b.capability) +
-                                             ", rank 0 has " + std::to_string(a.capability));
-    }
-  }
-  return Status();
-}
-
 bool same_gpu(const Hello& a, const Hello& b) {
-  return std::memcmp(a.gpu.uuid, b.gpu.uuid, sizeof a.gpu.uuid) == 0;
+  return std::memcmp(a.rank.gpu.uuid, b.rank.gpu.uuid, sizeof a.rank.gpu.uuid) == 0;
 }
 
 // Loopback: every rank in this process and on one GPU.
 bool loopback_group(const std::vector<Hello>& all) {
   return std::all_of(all.begin(), all.end(), [&](const Hello& h) {
-    return h.process == all[0].process && same_gpu(h, all[0]);
+    return h.rank.process == all[0].rank.process && same_gpu(h, all[0]);
   });
 }
 
@@ -149,7 +103,7 @@ bool loopback_group(const std::vector<Hello>& all) {
 Status choose_handles(const std::vector<Hello>& all, HandleKind* kind) {
   for (std::size_t r = 0; r < all.size(); ++r) {
     for (std::size_t q = 0; q < r; ++q) {
-      if (all[q].process == all[r].process) {
+      if (all[q].rank.process == all[r].rank.process) {
         return Status(ARBITER_UNSUPPORTED,
                       "ranks " + std::to_string(q) + " and " + std::to_string(r) +
                           " share a process but the group is not all in one process on one GPU "
@@ -171,8 +125,8 @@ Status choose_handles(const std::vector<Hello>& all, HandleKind* kind) {
   }
   // One host: file descriptors always work there, while FABRIC handles also
   // need the IMEX service, which single-node boxes often do not run.
-  const bool one_host =
-      std::all_of(all.begin(), all.end(), [&](const Hello& h) { return h.host == all[0].host; });
+  const bool one_host = std::all_of(
+      all.begin(), all.end(), [&](const Hello& h) { return h.rank.host == all[0].rank.host; });
   const bool fabric = std::all_of(all.begin(), all.end(), [](const Hello& h) { return h.fabric; });
   if (one_host) {
     *kind = HandleKind::kPosixFd;
@@ -275,10 +229,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 
   DeviceScope scope;
   Hello mine{};
-  mine.magic = kHelloMagic;
-  mine.host = common::host_identity();
-  mine.process = common::process_identity();
-  mine.device = spec.device;
+  mine.rank = common::identify_rank(kHelloMagic, spec.device);
   if (local.ok()) local = check_spec(oob, spec);
   if (local.ok()) {
     if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
@@ -296,7 +247,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     return common::exchange_failed(oob, "allgather", rc);
   }
   Status s = common::verdict(hellos, oob.rank);
-  if (s.ok()) s = check_group(hellos);
+  if (s.ok()) s = common::check_same_workspace(hellos);
   if (!s.ok()) return s;
 
   ws.loopback = loopback_group(hellos);
@@ -344,9 +295,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     release(ws);
     return s;
   }
-  std::vector<common::GpuShare> gpus;
-  for (const Hello& h : hellos) gpus.push_back(h.gpu);
-  ws.limits = common::agreed_limits(gpus);
+  ws.limits = common::limits_of(hellos);
   return Status();
 }
 

@@ -140,55 +140,30 @@ std::int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args,
   return ARBITER_OK;
 }
 
-std::uint64_t max_message_bytes_impl(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
-  return ws == nullptr ? 0 : per_call_capacity(ws->layout, algorithm);
-}
-
 // ---------------------------------------------------------------- ABI
 
-template <typename F>
-std::int32_t guarded(F&& f) {
-  return common::guarded(t_last_error, "trtllm", f);
-}
-
-std::int32_t abi_probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
-  return guarded([&] { return probe_impl(args, caps); });
-}
-
-std::int32_t abi_workspace_create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
-                                  arbiter_workspace** out) {
-  return guarded([&] { return create_impl(oob, spec, out); });
-}
-
-std::uint64_t abi_max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
-  return max_message_bytes_impl(ws, algorithm);
-}
-
-std::int32_t abi_run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
-  return guarded([&] { return run_impl(ws, args, stream); });
-}
-
-void abi_workspace_destroy(arbiter_workspace* ws) {
-  if (ws == nullptr) return;
-  guarded([&] {
-    destroy_workspace(*ws);
-    return ARBITER_OK;
-  });
-  delete ws;
-}
-
-const char* abi_last_error() { return t_last_error.c_str(); }
+// The ABI entry points (arbiter/common/abi_entry.h wraps each).
+struct Module {
+  static constexpr const char* kName = "trtllm";
+  static std::string& last_error() { return t_last_error; }
+  static std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+    return probe_impl(args, caps);
+  }
+  static std::int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                             arbiter_workspace** out) {
+    return create_impl(oob, spec, out);
+  }
+  static std::uint64_t max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm a) {
+    return per_call_capacity(ws->layout, a);
+  }
+  static std::int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+    return run_impl(ws, args, stream);
+  }
+  static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }
+};
 
 }  // namespace
 }  // namespace arbiter::trtllm
 
-extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 = {
-    ARBITER_BACKEND_ABI_VERSION,
-    "trtllm",
-    arbiter::trtllm::abi_probe,
-    arbiter::trtllm::abi_workspace_create,
-    arbiter::trtllm::abi_max_message_bytes,
-    arbiter::trtllm::abi_run,
-    arbiter::trtllm::abi_workspace_destroy,
-    arbiter::trtllm::abi_last_error,
-};
+extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 =
+    arbiter::common::BackendEntries<arbiter::trtllm::Module>::table();

@@ -157,20 +157,10 @@ cudaError_t launch_fill_sentinel(void* base, std::uint64_t bytes, arbiter_dtype 
 }
 
 cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(cluster_size);
-  config.blockDim = dim3(common::device::kMaxThreads);
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster_size;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
   // Every instantiation has the same footprint: 1024 threads capped at 64
   // registers by __launch_bounds__, and the same static shared memory.
-  return cudaOccupancyMaxActiveClusters(
-      clusters, oneshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, &config);
+  return common::max_active_clusters<KernelParams>(
+      oneshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, cluster_size, clusters);
 }
 
 }  // namespace arbiter::trtllm

@@ -25,6 +25,7 @@
 #include "arbiter/common/cuda_host.h"
 #include "arbiter/common/gpu_share.h"
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/rank_hello.h"
 #include "launch.h"
 
 namespace arbiter::trtllm {
@@ -38,17 +39,8 @@ constexpr std::uint32_t kHelloMagic = 0x54524c4cu;  // "TRLL"; bump with the lay
 constexpr std::size_t kReasonBytes = 240;
 
 struct Hello {
-  std::uint32_t magic;
   std::int32_t status;
-  std::uint64_t host;
-  std::uint64_t process;
-  std::int32_t device;
-  std::uint32_t capability;
-  common::GpuShare gpu;
-  std::uint32_t world_size;
-  std::int32_t dtype;
-  std::uint64_t message_capacity;
-  std::uint64_t total_bytes;
+  common::RankHello rank;
   std::uint64_t base;
   std::uint32_t ipc_ok;  // cudaIpcGetMemHandle succeeded
   cudaIpcMemHandle_t handle;
@@ -60,26 +52,12 @@ struct Outcome {
   char reason[kReasonBytes];
 };
 
-std::string describe_spec(const Hello& h) {
-  return "world size " + std::to_string(h.world_size) + ", dtype " + std::to_string(h.dtype) +
-         ", message capacity " + std::to_string(h.message_capacity) + " bytes";
-}
-
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
-  if (spec.world_size != oob.size || spec.rank != oob.rank) {
-    return Status(ARBITER_INVALID_ARGUMENT,
-                  "spec says rank " + std::to_string(spec.rank) + " of " +
-                      std::to_string(spec.world_size) + ", the oob group says rank " +
-                      std::to_string(oob.rank) + " of " + std::to_string(oob.size));
-  }
+  if (Status s = common::check_rank_spec(oob, spec, "trtllm"); !s.ok()) return s;
   if (spec.nodes > 1) {
     return Status(ARBITER_UNSUPPORTED, "the ranks span " + std::to_string(spec.nodes) +
                                            " nodes; trtllm maps peer memory with CUDA IPC, "
                                            "which works within one node only (use mnnvl or nccl)");
-  }
-  if (spec.device < 0) {
-    return Status(ARBITER_INVALID_ARGUMENT, "spec.device is " + std::to_string(spec.device) +
-                                                "; trtllm needs a CUDA ordinal (LOCAL_RANK)");
   }
   return Status();
 }
@@ -90,17 +68,11 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
                                       spec.max_tokens, spec.hidden);
   if (!layout.ok()) return layout.status();
   ws.layout = layout.value();
-  hello.world_size = ws.layout.world_size;
-  hello.dtype = ws.layout.dtype;
-  hello.message_capacity = ws.layout.message_capacity;
-  hello.total_bytes = ws.layout.total_bytes;
-
-  if (Status s =
-          common::describe_gpu(spec.device, query_max_active_clusters, &ws.capability, &hello.gpu);
+  if (Status s = common::describe_rank(ws.layout, spec.device, query_max_active_clusters,
+                                       &ws.capability, &hello.rank);
       !s.ok()) {
     return s;
   }
-  hello.capability = ws.capability;
 
   void* base = nullptr;
   if (cudaError_t e = cudaMalloc(&base, ws.layout.total_bytes); e != cudaSuccess) {
@@ -138,32 +110,20 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
 }
 
 // Checks every rank can reach the same conclusion from the Hellos alone.
+// Everything trtllm needs beyond the common checks: one host, and no GPU
+// shared by two processes.
 Status check_group(const std::vector<Hello>& all) {
-  const Hello& a = all[0];
+  if (Status s = common::check_same_workspace(all); !s.ok()) return s;
   for (std::size_t r = 0; r < all.size(); ++r) {
-    const Hello& b = all[r];
-    const std::string rank = "rank " + std::to_string(r);
-    if (b.magic != kHelloMagic) {
-      return Status(ARBITER_INVALID_ARGUMENT, rank + " runs a different build of this module");
-    }
-    if (b.host != a.host) {
-      return Status(ARBITER_UNSUPPORTED, rank +
+    const common::RankHello& b = all[r].rank;
+    if (b.host != all[0].rank.host) {
+      return Status(ARBITER_UNSUPPORTED, "rank " + std::to_string(r) +
                                              " is on another host than rank 0; trtllm is "
                                              "single-node (CUDA IPC), use mnnvl or nccl");
     }
-    if (b.world_size != a.world_size || b.dtype != a.dtype ||
-        b.message_capacity != a.message_capacity || b.total_bytes != a.total_bytes) {
-      return Status(ARBITER_INVALID_ARGUMENT, "ranks disagree on the workspace: rank 0 has " +
-                                                  describe_spec(a) + "; " + rank + " has " +
-                                                  describe_spec(b));
-    }
-    if (b.capability != a.capability) {
-      return Status(ARBITER_UNSUPPORTED, rank + " has capability " + std::to_string(b.capability) +
-                                             ", rank 0 has " + std::to_string(a.capability));
-    }
     for (std::size_t q = 0; q < r; ++q) {
-      if (std::memcmp(all[q].gpu.uuid, b.gpu.uuid, sizeof b.gpu.uuid) == 0 &&
-          all[q].process != b.process) {
+      const common::RankHello& a = all[q].rank;
+      if (std::memcmp(a.gpu.uuid, b.gpu.uuid, sizeof b.gpu.uuid) == 0 && a.process != b.process) {
         return Status(ARBITER_UNSUPPORTED,
                       "ranks " + std::to_string(q) + " and " + std::to_string(r) +
                           " use the same GPU from different processes; their kernels would not "
@@ -177,17 +137,17 @@ Status check_group(const std::vector<Hello>& all) {
 
 // Maps peer `q` into this process.
 Status map_peer(arbiter_workspace& ws, const Hello& mine, const Hello& peer, std::uint32_t q) {
-  if (peer.process == mine.process) {
-    if (peer.device != mine.device) {
+  if (peer.rank.process == mine.rank.process) {
+    if (peer.rank.device != mine.rank.device) {
       int can = 0;
-      cudaError_t e = cudaDeviceCanAccessPeer(&can, mine.device, peer.device);
+      cudaError_t e = cudaDeviceCanAccessPeer(&can, mine.rank.device, peer.rank.device);
       if (e != cudaSuccess || can == 0) {
         cudaGetLastError();
-        return Status(ARBITER_UNAVAILABLE, "GPU " + std::to_string(mine.device) +
-                                               " cannot access GPU " + std::to_string(peer.device) +
-                                               " directly (no peer-to-peer path)");
+        return Status(ARBITER_UNAVAILABLE,
+                      "GPU " + std::to_string(mine.rank.device) + " cannot access GPU " +
+                          std::to_string(peer.rank.device) + " directly (no peer-to-peer path)");
       }
-      e = cudaDeviceEnablePeerAccess(peer.device, 0);
+      e = cudaDeviceEnablePeerAccess(peer.rank.device, 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
         cudaGetLastError();
         return Status(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceEnablePeerAccess", e));
@@ -239,10 +199,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   ws.world_size = static_cast<std::uint32_t>(oob.size);
   DeviceScope scope;
   Hello mine{};
-  mine.magic = kHelloMagic;
-  mine.host = common::host_identity();
-  mine.process = common::process_identity();
-  mine.device = spec.device;
+  mine.rank = common::identify_rank(kHelloMagic, spec.device);
   Status local = common::kernel_timeout_ns(&ws.spin_timeout_ns);
   if (local.ok()) local = check_spec(oob, spec);
   if (local.ok()) {
@@ -295,9 +252,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     unmap_and_free(ws);
     return s;
   }
-  std::vector<common::GpuShare> gpus;
-  for (const Hello& h : hellos) gpus.push_back(h.gpu);
-  ws.limits = common::agreed_limits(gpus);
+  ws.limits = common::limits_of(hellos);
   return Status();
 }
 

@@ -40,4 +40,44 @@ std::int32_t guarded(std::string& last_error, const char* module, Body&& body) {
   return ARBITER_INTERNAL;
 }
 
+// The v1 entry points of a module implemented by `Impl`, every one behind
+// guarded(). Impl provides, as static members:
+//   const char* kName; std::string& last_error() (thread-local storage);
+//   int32_t probe(const arbiter_probe_args*, arbiter_backend_caps*);
+//   int32_t create(const arbiter_oob*, const arbiter_workspace_spec*, arbiter_workspace**);
+//   uint64_t max_message_bytes(const arbiter_workspace*, arbiter_algorithm);
+//   int32_t run(arbiter_workspace*, const arbiter_allreduce_args*, void*);
+//   void destroy(arbiter_workspace&) (collective teardown; the wrapper deletes).
+// Instantiate where arbiter_workspace is a complete type.
+template <typename Impl>
+struct BackendEntries {
+  static std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
+    return guarded(Impl::last_error(), Impl::kName, [&] { return Impl::probe(args, caps); });
+  }
+  static std::int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
+                             arbiter_workspace** out) {
+    return guarded(Impl::last_error(), Impl::kName, [&] { return Impl::create(oob, spec, out); });
+  }
+  static std::uint64_t max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
+    return ws == nullptr ? 0 : Impl::max_message_bytes(ws, algorithm);
+  }
+  static std::int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
+    return guarded(Impl::last_error(), Impl::kName, [&] { return Impl::run(ws, args, stream); });
+  }
+  static void destroy(arbiter_workspace* ws) {
+    if (ws == nullptr) return;
+    guarded(Impl::last_error(), Impl::kName, [&] {
+      Impl::destroy(*ws);
+      return std::int32_t{ARBITER_OK};
+    });
+    delete ws;
+  }
+  static const char* last_error() { return Impl::last_error().c_str(); }
+
+  static constexpr arbiter_backend_v1_t table() {
+    return arbiter_backend_v1_t{ARBITER_BACKEND_ABI_VERSION, Impl::kName, &probe,   &create,
+                                &max_message_bytes,          &run,        &destroy, &last_error};
+  }
+};
+
 }  // namespace arbiter::common

@@ -78,4 +78,22 @@ cudaError_t launch_kernel(KernelFunction<Params> kernel, const Params& params,
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
+// Clusters of `cluster_size` CTAs of 1024 threads that the device keeps
+// resident at once for `kernel`'s footprint (cudaOccupancyMaxActiveClusters).
+template <typename Params>
+cudaError_t max_active_clusters(KernelFunction<Params> kernel, std::uint32_t cluster_size,
+                                int* clusters) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster_size);
+  config.blockDim = dim3(1024);
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster_size;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+}
+
 }  // namespace arbiter::common
