@@ -231,22 +231,10 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   Hello mine{};
   mine.rank = common::identify_rank(kHelloMagic, spec.device);
   if (local.ok()) local = check_spec(oob, spec);
-  if (local.ok()) {
-    if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
-      local = Status(ARBITER_UNAVAILABLE,
-                     cuda_message("cudaSetDevice(" + std::to_string(spec.device) + ")", e));
-    }
-  }
+  if (local.ok()) local = common::use_device(scope, spec.device);
   if (local.ok()) local = describe(spec, ws, mine);
-  mine.status = local.code();
-  common::put_reason(mine, local.message());
-  std::vector<Hello> hellos(oob.size);
-  if (const std::int32_t rc =
-          oob.allgather(oob.ctx, &mine, hellos.data(), sizeof(Hello), spec.timeout_ms);
-      rc != ARBITER_OK) {
-    return common::exchange_failed(oob, "allgather", rc);
-  }
-  Status s = common::verdict(hellos, oob.rank);
+  std::vector<Hello> hellos;
+  Status s = common::gather_records(oob, mine, local, spec.timeout_ms, &hellos);
   if (s.ok()) s = common::check_same_workspace(hellos);
   if (!s.ok()) return s;
 

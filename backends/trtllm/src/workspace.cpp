@@ -202,24 +202,10 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   mine.rank = common::identify_rank(kHelloMagic, spec.device);
   Status local = common::kernel_timeout_ns(&ws.spin_timeout_ns);
   if (local.ok()) local = check_spec(oob, spec);
-  if (local.ok()) {
-    if (cudaError_t e = scope.use(spec.device); e != cudaSuccess) {
-      local = Status(ARBITER_UNAVAILABLE,
-                     cuda_message("cudaSetDevice(" + std::to_string(spec.device) + ")", e));
-    }
-  }
+  if (local.ok()) local = common::use_device(scope, spec.device);
   if (local.ok()) local = prepare(spec, ws, mine);
-  mine.status = local.code();
-  common::put_reason(mine, local.message());
-
-  std::vector<Hello> hellos(oob.size);
-  if (const std::int32_t rc =
-          oob.allgather(oob.ctx, &mine, hellos.data(), sizeof(Hello), spec.timeout_ms);
-      rc != ARBITER_OK) {
-    unmap_and_free(ws);
-    return common::exchange_failed(oob, "allgather", rc);
-  }
-  Status s = common::verdict(hellos, oob.rank);
+  std::vector<Hello> hellos;
+  Status s = common::gather_records(oob, mine, local, spec.timeout_ms, &hellos);
   if (s.ok()) s = check_group(hellos);
   if (!s.ok()) {
     unmap_and_free(ws);

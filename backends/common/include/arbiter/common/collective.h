@@ -56,6 +56,23 @@ inline Status exchange_failed(const arbiter_oob& oob, const char* what, std::int
                 std::string("oob ") + what + " failed: " + (m != nullptr ? m : "(no message)"));
 }
 
+// The first round of a collective creation: every rank all-gathers its
+// record (status and reason filled from `local` here) and all reach the same
+// verdict. *all holds every rank's record afterwards.
+template <typename Record>
+Status gather_records(const arbiter_oob& oob, Record& mine, const Status& local,
+                      std::int64_t timeout_ms, std::vector<Record>* all) {
+  mine.status = local.code();
+  put_reason(mine, local.message());
+  all->resize(static_cast<std::size_t>(oob.size));
+  if (const std::int32_t rc =
+          oob.allgather(oob.ctx, &mine, all->data(), sizeof(Record), timeout_ms);
+      rc != ARBITER_OK) {
+    return exchange_failed(oob, "allgather", rc);
+  }
+  return verdict(*all, oob.rank);
+}
+
 // One agreement round: every rank all-gathers its local status, and all
 // return the same verdict (verdict() above). Collective.
 inline Status agree(const arbiter_oob& oob, const Status& local, std::int64_t timeout_ms) {

@@ -44,6 +44,15 @@ class DeviceScope {
   bool switched_ = false;
 };
 
+// scope.use(device) as a Status.
+inline Status use_device(DeviceScope& scope, int device) {
+  if (const cudaError_t e = scope.use(device); e != cudaSuccess) {
+    return Status(ARBITER_UNAVAILABLE,
+                  cuda_message("cudaSetDevice(" + std::to_string(device) + ")", e));
+  }
+  return Status();
+}
+
 // major * 10 + minor of `device`.
 inline cudaError_t device_capability(int device, unsigned* capability) {
   int major = 0;
