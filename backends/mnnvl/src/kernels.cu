@@ -279,10 +279,19 @@ cudaError_t launch_multicast_probe(void* multicast, std::uint32_t rank, std::uin
 }
 
 cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters) {
-  // Every instantiation has the same footprint: 1024 threads capped at 64
-  // registers by __launch_bounds__, and the same static shared memory.
-  return common::max_active_clusters<KernelParams>(
-      oneshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, cluster_size, clusters);
+  // Every instantiation has the footprint of its kind: 1024 threads capped at
+  // 64 registers by __launch_bounds__, and the same static shared memory.
+  // The smaller of the two kernels' residency, so neither outgrows a wave.
+  int oneshot = 0;
+  int twoshot = 0;
+  cudaError_t e = common::max_active_clusters<KernelParams>(
+      oneshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, cluster_size, &oneshot);
+  if (e == cudaSuccess) {
+    e = common::max_active_clusters<KernelParams>(
+        twoshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, cluster_size, &twoshot);
+  }
+  *clusters = oneshot < twoshot ? oneshot : twoshot;
+  return e;
 }
 
 }  // namespace arbiter::mnnvl

@@ -29,4 +29,8 @@ cudaError_t launch_fill_sentinel(void* base, std::uint64_t bytes, arbiter_dtype 
 // at once, for the kernels' resource footprint (cudaOccupancyMaxActiveClusters).
 cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters);
 
+// The same for the one-shot kernels alone (oneshot.cu; the above takes the
+// smaller of one-shot and two-shot).
+cudaError_t query_oneshot_clusters(std::uint32_t cluster_size, int* clusters);
+
 }  // namespace arbiter::trtllm

@@ -156,7 +156,7 @@ cudaError_t launch_fill_sentinel(void* base, std::uint64_t bytes, arbiter_dtype 
   return cudaGetLastError();
 }
 
-cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters) {
+cudaError_t query_oneshot_clusters(std::uint32_t cluster_size, int* clusters) {
   // Every instantiation has the same footprint: 1024 threads capped at 64
   // registers by __launch_bounds__, and the same static shared memory.
   return common::max_active_clusters<KernelParams>(

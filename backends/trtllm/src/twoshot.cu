@@ -154,4 +154,17 @@ cudaError_t launch_twoshot(const KernelParams& params, arbiter_dtype dtype, arbi
   return common::launch_kernel(kernel, params, shape, stream);
 }
 
+cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters) {
+  // The smaller of the two kernels' residency, so neither outgrows a wave.
+  int oneshot = 0;
+  int twoshot = 0;
+  cudaError_t e = query_oneshot_clusters(cluster_size, &oneshot);
+  if (e == cudaSuccess) {
+    e = common::max_active_clusters<KernelParams>(
+        twoshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, cluster_size, &twoshot);
+  }
+  *clusters = oneshot < twoshot ? oneshot : twoshot;
+  return e;
+}
+
 }  // namespace arbiter::trtllm
