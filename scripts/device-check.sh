@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Device check: on a machine with a GPU, builds arbiter for that GPU, runs the
-# GPU tests (ctest -L gpu) and the trtllm benchmark, and writes everything into
-# one folder:
+# GPU tests (ctest -L gpu: the trtllm and mnnvl loopback suites) and the fused
+# benchmark (trtllm and mnnvl), and writes everything into one folder:
 #   report.md        pass/fail and time of each step, the GPU, the bench summary
 #   configure.log    cmake configure output
 #   build.log        build output
 #   ctest.log        ctest -L gpu --output-on-failure
-#   bench.csv        arbiter-bench-trtllm CSV (bench/TRTLLM.md describes it)
+#   bench.csv        arbiter-bench-fused CSV (bench/FUSED.md describes it)
 #   bench.log        its progress and summary (stderr)
 #   nvidia-smi.txt   nvidia-smi -q
 # (seven files, flat: the device tool returns at most 8 files from $OUT.)
@@ -162,18 +162,19 @@ gpu_present=0
 if ((built && gpu_present)); then
   timeout 60 nvidia-smi -q >"$out/nvidia-smi.txt" 2>&1
   : >"$out/ctest.log"
-  step "ctest -L gpu" "$out/ctest.log" "$(budget 240 90)" \
+  step "ctest -L gpu" "$out/ctest.log" "$(budget 300 60)" \
     ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error || failed=1
   skipped=$(grep -c '(Skipped)$' "$out/ctest.log")
   ((skipped)) && notes+=("$skipped GPU test(s) skipped on a machine with a GPU: see ctest.log.")
 
-  bench=$build/bin/arbiter-bench-trtllm
+  bench=$build/bin/arbiter-bench-fused
   : >"$out/bench.log"
   if [ -x "$bench" ]; then
     left=$(($(remaining) - 15))
     args=(--csv "$out/bench.csv")
-    # The full sweep needs about a minute or two on an H200 (not yet measured);
-    # with less time left, the short one.
+    # The full sweep (trtllm and mnnvl) needs a few minutes on an H200 (not
+    # yet measured; --budget stops it in time); with less time left, the
+    # short one.
     if ((quick || left < 150)); then args+=(--quick); fi
     args+=(--budget $((left > 60 ? left - 40 : 20)))
     step benchmark "$out/bench.log" "$(budget "$left" 5)" "$bench" "${args[@]}" "${bench_args[@]}"
@@ -183,7 +184,7 @@ if ((built && gpu_present)); then
       *) failed=1 ;;
     esac
   else
-    echo "arbiter-bench-trtllm was not built (is the trtllm module target defined?)" >"$out/bench.log"
+    echo "arbiter-bench-fused was not built (are the trtllm and mnnvl module targets defined?)" >"$out/bench.log"
     steps+=("| benchmark | FAIL (not built) | 0 | bench.log |")
     failed=1
   fi

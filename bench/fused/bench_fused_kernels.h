@@ -1,4 +1,4 @@
-// Helper kernels of arbiter-bench-trtllm (bench_trtllm_kernels.cu): test
+// Helper kernels of arbiter-bench-fused (bench_fused_kernels.cu): test
 // data, the unfused baseline's sum step, an output comparison and a delay
 // that holds a stream while the host enqueues timed work. bf16 only. Every
 // launcher enqueues one kernel on `stream` and returns the launch status; none

@@ -1,11 +1,11 @@
-// Helper kernels of arbiter-bench-trtllm; see bench_trtllm_kernels.h.
+// Helper kernels of arbiter-bench-fused; see bench_fused_kernels.h.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "arbiter/common/numeric.h"
-#include "bench_trtllm_kernels.h"
+#include "bench_fused_kernels.h"
 
 namespace arbiter::bench {
 namespace {
