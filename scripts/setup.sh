@@ -4,7 +4,7 @@
 # everything is already there.
 set -euo pipefail
 packages=(cmake g++ make libyaml-cpp-dev libboost-test-dev libboost-program-options-dev
-          libucx-dev ucx-utils)
+          libucx-dev ucx-utils pkg-config python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

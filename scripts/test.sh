@@ -6,3 +6,4 @@ scripts/setup.sh
 scripts/build.sh
 export BOOST_TEST_COLOR_OUTPUT=no
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)"
+scripts/test-install.sh   # install into a temporary prefix; consumers: CMake, pkg-config, Python

@@ -1,0 +1,67 @@
+"""arbiter: which all-reduce runs each call site, from YAML tables.
+
+A thin ctypes binding over the C API of libarbiter_runtime (no compiled
+extension). It reads the same layers as every other consumer: the embedded
+default tables, site files (ARBITER_CONFIG) and the backends restriction
+(ARBITER_BACKENDS), so Python, C, C++ and the `arbiter` program decide alike,
+which their fingerprints show.
+
+    import arbiter
+    policy = arbiter.Policy.from_environment()
+    d = policy.decide(capability="10.3", world_size=16, nodes=4, nvlink_domain=True,
+                      multicast=True, tokens=4096, hidden=8192, dtype="bf16")
+    d.backend, d.algorithm, d.fused            # ("mnnvl", "twoshot", True)
+    policy.max_fused_bytes(capability=103, world_size=16, nodes=4,
+                           nvlink_domain=True, multicast=True)   # 67108864
+    print(policy.explain(capability=90, world_size=8, message_bytes="1MiB"))
+
+The library is found through ARBITER_LIBRARY (the file or its folder), then
+next to this package, then in the prefix this package was installed into,
+then on the system's library path. Failures raise ArbiterError, whose
+message is the C API's arbiter_last_error().
+"""
+
+from __future__ import annotations
+
+from ._library import library_path
+from .errors import ArbiterError, Status
+from .policy import (
+    Decision,
+    Dtype,
+    Pattern,
+    Policy,
+    Request,
+    element_size,
+    parse_capability,
+    parse_dtype,
+    parse_pattern,
+    parse_size,
+)
+
+__all__ = [
+    "ArbiterError",
+    "Decision",
+    "Dtype",
+    "Pattern",
+    "Policy",
+    "Request",
+    "Status",
+    "element_size",
+    "from_environment",
+    "library_path",
+    "load",
+    "parse_capability",
+    "parse_dtype",
+    "parse_pattern",
+    "parse_size",
+]
+
+
+def from_environment() -> Policy:
+    """Policy.from_environment(): defaults <- ARBITER_CONFIG, ARBITER_BACKENDS."""
+    return Policy.from_environment()
+
+
+def load(site_files=(), backends: str | None = None) -> Policy:
+    """Policy.load(): defaults <- site_files, restricted to `backends`."""
+    return Policy.load(site_files, backends)

@@ -1,0 +1,179 @@
+"""Finding libarbiter_runtime and declaring the C API (runtime/include/arbiter/arbiter.h).
+
+Search order, first hit wins:
+  1. ARBITER_LIBRARY: the library file, or the folder that holds it. When it
+     is set and does not load, that is an error (no silent fallback).
+  2. Next to the package: in the package folder, then its parent folder.
+  3. The installed prefix: `cmake --install` writes _install.py into the
+     installed package with the path from there to <prefix>/<libdir>.
+  4. ctypes.util.find_library("arbiter_runtime"): the system's library path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+from .errors import ArbiterError, Status
+
+LIBRARY_NAME = "libarbiter_runtime.so"
+
+
+class CRequest(Structure):
+    """arbiter_request."""
+
+    _fields_ = [
+        ("capability", c_uint32),
+        ("world_size", c_uint32),
+        ("nodes", c_uint32),
+        ("nvlink_domain", c_uint32),
+        ("multicast", c_uint32),
+        ("dtype", c_int),  # arbiter_dtype
+        ("pattern", c_int),  # arbiter_pattern
+        ("message_bytes", c_uint64),
+        ("tokens", c_uint32),
+        ("hidden", c_uint32),
+    ]
+
+
+class CDecision(Structure):
+    """arbiter_decision."""
+
+    _fields_ = [
+        ("backend", c_uint32),
+        ("algorithm", c_int),  # arbiter_algorithm
+        ("fused", c_uint32),
+        ("reason", c_uint32),
+        ("cap", c_uint64),
+    ]
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.arbiter_last_error.argtypes = []
+    lib.arbiter_last_error.restype = c_char_p
+    lib.arbiter_policy_from_environment.argtypes = [POINTER(c_void_p)]
+    lib.arbiter_policy_from_environment.restype = c_int32
+    lib.arbiter_policy_load.argtypes = [POINTER(c_char_p), c_size_t, c_char_p, POINTER(c_void_p)]
+    lib.arbiter_policy_load.restype = c_int32
+    lib.arbiter_policy_free.argtypes = [c_void_p]
+    lib.arbiter_policy_free.restype = None
+    lib.arbiter_backend_name.argtypes = [c_uint32]
+    lib.arbiter_backend_name.restype = c_char_p
+    lib.arbiter_decide.argtypes = [c_void_p, POINTER(CRequest), POINTER(CDecision)]
+    lib.arbiter_decide.restype = c_int32
+    lib.arbiter_max_fused_bytes.argtypes = [
+        c_void_p,
+        POINTER(CRequest),
+        POINTER(c_uint64),
+        POINTER(c_int32),
+    ]
+    lib.arbiter_max_fused_bytes.restype = c_int32
+    lib.arbiter_policy_fingerprint.argtypes = [c_void_p]
+    lib.arbiter_policy_fingerprint.restype = c_uint64
+    lib.arbiter_explain.argtypes = [
+        c_void_p,
+        POINTER(CRequest),
+        c_int32,
+        c_char_p,
+        c_size_t,
+        POINTER(c_size_t),
+    ]
+    lib.arbiter_explain.restype = c_int32
+    return lib
+
+
+def _in_folder(folder: str) -> list[str]:
+    """The library in `folder`: the development name first, then a versioned one."""
+    exact = os.path.join(folder, LIBRARY_NAME)
+    if os.path.isfile(exact):
+        return [exact]
+    return sorted(glob.glob(os.path.join(glob.escape(folder), LIBRARY_NAME + ".*")))
+
+
+def _candidates() -> list[str]:
+    package = os.path.dirname(os.path.abspath(__file__))
+    found = _in_folder(package) + _in_folder(os.path.dirname(package))
+    try:
+        from . import _install  # written by cmake --install only
+    except ImportError:
+        _install = None
+    if _install is not None:
+        found += _in_folder(os.path.normpath(os.path.join(package, _install.LIBDIR)))
+    return found
+
+
+def _load() -> tuple[ctypes.CDLL, str]:
+    explicit = os.environ.get("ARBITER_LIBRARY", "")
+    if explicit:
+        paths = _in_folder(explicit) if os.path.isdir(explicit) else [explicit]
+        if not paths:
+            raise ArbiterError(
+                Status.UNAVAILABLE, f"ARBITER_LIBRARY={explicit}: no {LIBRARY_NAME} in that folder"
+            )
+        try:
+            return _declare(ctypes.CDLL(paths[0])), paths[0]
+        except OSError as e:
+            raise ArbiterError(Status.UNAVAILABLE, f"ARBITER_LIBRARY={explicit}: {e}") from e
+    tried = []
+    for path in _candidates():
+        try:
+            return _declare(ctypes.CDLL(path)), path
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    name = ctypes.util.find_library("arbiter_runtime")
+    if name:
+        try:
+            return _declare(ctypes.CDLL(name)), name
+        except OSError as e:
+            tried.append(f"{name}: {e}")
+    detail = "; ".join(tried) if tried else "not next to the package, nor installed"
+    raise ArbiterError(
+        Status.UNAVAILABLE,
+        f"cannot find {LIBRARY_NAME} ({detail}); set ARBITER_LIBRARY to the library "
+        "or to the folder that holds it (e.g. <prefix>/lib)",
+    )
+
+
+_lock = threading.Lock()
+_loaded: tuple[ctypes.CDLL, str] | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded C library (loaded on first use, then kept)."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            _loaded = _load()
+        return _loaded[0]
+
+
+def library_path() -> str:
+    """The file the C library was loaded from (or the name the loader resolved)."""
+    library()
+    assert _loaded is not None
+    return _loaded[1]
+
+
+def last_error(lib: ctypes.CDLL) -> str:
+    message = lib.arbiter_last_error()
+    return message.decode("utf-8", "replace") if message else ""
+
+
+def check(lib: ctypes.CDLL, status: int) -> None:
+    """Raises ArbiterError(status, arbiter_last_error()) unless status is OK."""
+    if status != Status.OK:
+        raise ArbiterError(status, last_error(lib) or f"arbiter call failed with status {status}")

@@ -1,0 +1,35 @@
+"""Status codes of the C API and the exception that carries them."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    """arbiter_status (backends/abi/arbiter_backend.h)."""
+
+    OK = 0
+    UNSUPPORTED = 1
+    INVALID_ARGUMENT = 2
+    UNAVAILABLE = 3
+    TIMEOUT = 4
+    PEER_FAILED = 5
+    INTERNAL = 6
+
+
+class ArbiterError(Exception):
+    """A call failed: `status` is the C API's code, `message` (and str(error))
+    is arbiter_last_error() verbatim, e.g. every "FILE:LINE:COL: error: ..."
+    line of a table that did not load."""
+
+    def __init__(self, status: int, message: str) -> None:
+        try:
+            self.status: Status | int = Status(status)
+        except ValueError:
+            self.status = status
+        self.message = message
+        super().__init__(message)
+
+    def __repr__(self) -> str:
+        name = self.status.name if isinstance(self.status, Status) else str(self.status)
+        return f"ArbiterError({name}, {self.message!r})"

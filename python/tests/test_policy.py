@@ -1,0 +1,275 @@
+"""The Python binding decides as the C API, the C++ API and the `arbiter` program do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import arbiter
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+# The default fusion caps (configs/default.yaml, vLLM at its ws=16 change),
+# single node: (capability, world size) -> cap.
+DEFAULT_FUSION_CAPS = {
+    (90, 2): 64 * MiB,
+    (90, 4): 2 * MiB,
+    (90, 8): 512 * KiB,
+    (100, 2): 64 * MiB,
+    (100, 4): 32 * MiB,
+    (100, 8): 1 * MiB,
+    (103, 2): 64 * MiB,
+    (103, 4): 64 * MiB,
+    (103, 8): 2 * MiB,
+    (107, 2): 64 * MiB,
+    (107, 4): 64 * MiB,
+    (107, 8): 2 * MiB,
+    ("cpu", 2): 4 * MiB,
+    ("cpu", 4): 4 * MiB,
+    ("cpu", 8): 4 * MiB,
+}
+
+NVL72 = dict(capability="10.3", world_size=16, nodes=4, nvlink_domain=True, multicast=True)
+
+
+@pytest.mark.parametrize("capability, world_size", sorted(DEFAULT_FUSION_CAPS, key=str))
+def test_default_cell_is_fused_up_to_its_cap_inclusive(defaults, capability, world_size):
+    cap = DEFAULT_FUSION_CAPS[(capability, world_size)]
+    site = dict(capability=capability, world_size=world_size)
+    fused_backend, fallback = ("shm", "shm") if capability == "cpu" else ("trtllm", "nccl")
+
+    assert defaults.max_fused_bytes(**site) == cap
+    at_cap = defaults.decide(message_bytes=cap, **site)
+    assert (at_cap.backend, at_cap.fused, at_cap.reason, at_cap.cap) == (
+        fused_backend,
+        True,
+        "fused",
+        cap,
+    )
+    above = defaults.decide(message_bytes=cap + 1, **site)
+    assert (above.backend, above.algorithm, above.fused, above.reason) == (
+        fallback,
+        "native",
+        False,
+        "above_cap",
+    )
+
+
+def test_one_shot_cells_pick_the_algorithm_of_trtllm(defaults):
+    assert defaults.decide(capability=90, world_size=8, message_bytes="512KiB").algorithm == (
+        "oneshot"
+    )
+    assert defaults.decide(capability=90, world_size=2, message_bytes=32 * MiB).algorithm == (
+        "oneshot"
+    )
+    assert defaults.decide(capability=90, world_size=2, message_bytes=32 * MiB + 1).algorithm == (
+        "twoshot"
+    )
+
+
+@pytest.mark.parametrize("capability", [100, 103, "sm_103", "sm103", "10.0"])
+def test_ws16_on_an_nvl72_rack_runs_mnnvl_up_to_64_mib(defaults, capability):
+    rack = dict(NVL72, capability=capability)
+    assert defaults.max_fused_bytes(**rack) == 64 * MiB
+    d = defaults.decide(message_bytes="64MiB", **rack)
+    assert d == arbiter.Decision("mnnvl", "twoshot", True, "fused", 64 * MiB)
+    d = defaults.decide(message_bytes=64 * MiB + 1, **rack)
+    assert (d.backend, d.fused, d.reason) == ("nccl", False, "above_cap")
+
+
+def test_ws16_without_multicast_falls_back_to_nccl(defaults):
+    d = defaults.decide(message_bytes=MiB, **dict(NVL72, multicast=False))
+    assert (d.backend, d.algorithm, d.fused, d.reason) == (
+        "nccl",
+        "native",
+        False,
+        "no_eligible_backend",
+    )
+
+
+@pytest.mark.parametrize("capability", [90, 107])
+def test_ws16_without_a_fusion_cell_falls_back(defaults, capability):
+    rack = dict(NVL72, capability=capability)
+    assert defaults.max_fused_bytes(**rack) is None
+    d = defaults.decide(message_bytes=MiB, **rack)
+    assert (d.backend, d.fused, d.reason, d.cap) == ("nccl", False, "no_fusion_cell", None)
+    assert "no fusion entry for capability" in defaults.explain(message_bytes=MiB, **rack)
+
+
+def test_tokens_times_hidden_is_the_message_size(defaults):
+    by_tokens = arbiter.Request(103, 8, tokens=256, hidden=4096, dtype="bf16")
+    by_bytes = arbiter.Request(103, 8, message_bytes=256 * 4096 * 2)
+    assert defaults.decide(by_tokens) == defaults.decide(by_bytes)
+    assert defaults.decide(by_tokens) == defaults.decide(
+        capability=103, world_size=8, tokens=256, hidden=4096
+    )
+
+
+def test_max_fused_bytes_splits_compile_ranges_at_whole_tokens(defaults):
+    hidden, dtype = 4096, "bf16"
+    cap = defaults.max_fused_bytes(capability=90, world_size=8, hidden=hidden, dtype=dtype)
+    max_token_num = cap // (hidden * arbiter.element_size(dtype))
+    assert max_token_num == 64
+    site = dict(capability=90, world_size=8, hidden=hidden, dtype=dtype)
+    assert defaults.decide(tokens=max_token_num, **site).fused
+    assert not defaults.decide(tokens=max_token_num + 1, **site).fused
+
+
+def test_site_file_overrides_one_cell_and_the_trace_names_it(site_file, defaults):
+    with arbiter.load([site_file]) as site:
+        assert site.max_fused_bytes(**NVL72) == 8 * MiB
+        assert site.decide(message_bytes="8MiB", **NVL72).fused
+        assert site.decide(message_bytes=8 * MiB + 1, **NVL72).reason == "above_cap"
+        # Every other cell is still the default's.
+        assert site.max_fused_bytes(capability=90, world_size=8) == 512 * KiB
+        text = site.explain(message_bytes="8MiB", **NVL72)
+        assert "site.yaml:4:5 (site)" in text
+        assert "default.yaml" in text
+        assert site.fingerprint != defaults.fingerprint
+
+
+def test_arbiter_config_reaches_from_environment(site_file, monkeypatch):
+    monkeypatch.setenv("ARBITER_CONFIG", str(site_file))
+    with arbiter.from_environment() as env, arbiter.load([site_file]) as explicit:
+        assert env.fingerprint == explicit.fingerprint
+        assert env.max_fused_bytes(**NVL72) == 8 * MiB
+
+
+def test_backends_restriction(monkeypatch):
+    only_nccl = arbiter.load(backends="nccl")
+    d = only_nccl.decide(capability=90, world_size=8, message_bytes=KiB)
+    assert (d.backend, d.fused, d.reason) == ("nccl", False, "no_eligible_backend")
+    monkeypatch.setenv("ARBITER_BACKENDS", "nccl")
+    assert arbiter.from_environment().fingerprint == only_nccl.fingerprint
+    with pytest.raises(arbiter.ArbiterError, match=r"unknown backend 'frob'"):
+        arbiter.load(backends="frob")
+
+
+def test_bad_yaml_raises_with_file_line_and_column(tmp_path, site_file):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "format: 1\n"
+        "fusion:\n"
+        "  - {capability: 103, world_size: 8, max: 2MiB}\n"
+        "  - {capability: 103, world_size: 4, max: 12 MB}\n"
+    )
+    with pytest.raises(arbiter.ArbiterError) as raised:
+        arbiter.load([site_file, bad])  # all or nothing: the good file does not load alone
+    error = raised.value
+    assert error.status == arbiter.Status.INVALID_ARGUMENT
+    assert str(error) == error.message
+    assert error.message.startswith(f"{bad}:4:43: error: unknown size unit 'MB'")
+    assert "sizes are binary" in error.message
+
+
+def test_bad_yaml_message_is_what_the_cli_prints(tmp_path, arbiter_bin):
+    bad = tmp_path / "dup.yaml"
+    bad.write_text("format: 1\nfallback:\n  gpu: nccl\nfallback:\n  cpu: shm\n")
+    with pytest.raises(arbiter.ArbiterError) as raised:
+        arbiter.load([bad])
+    cli = subprocess.run([arbiter_bin, "validate", str(bad)], capture_output=True, text=True)
+    assert cli.returncode == 1
+    assert raised.value.message.startswith(f"{bad}:4:1: error:")
+    assert raised.value.message.strip() in (cli.stdout + cli.stderr)
+
+
+def test_missing_file_is_an_error():
+    with pytest.raises(arbiter.ArbiterError, match="cannot open the file"):
+        arbiter.load(["/nonexistent/site.yaml"])
+
+
+def test_explain_json_parses_and_matches_decide(defaults):
+    d = defaults.decide(message_bytes="64MiB", **NVL72)
+    doc = json.loads(defaults.explain(message_bytes="64MiB", json=True, **NVL72))
+    assert (doc["backend"], doc["algorithm"], doc["fused"], doc["reason"]) == (
+        d.backend,
+        d.algorithm,
+        d.fused,
+        d.reason,
+    )
+    assert doc["cap"] == d.cap == doc["max_fused_bytes"] == 64 * MiB
+    assert doc["fingerprint"] == defaults.fingerprint_hex
+    assert doc["request"]["world_size"] == 16
+    assert any(
+        step["origin"] and step["origin"]["file"].endswith("default.yaml") for step in doc["trace"]
+    )
+
+
+def test_explain_text_starts_with_the_decision(defaults):
+    text = defaults.explain(message_bytes="64MiB", **NVL72)
+    assert text.startswith("decision: mnnvl twoshot fused (cap 64 MiB)")
+
+
+def test_fingerprint_depends_on_the_tables_only(tmp_path, site_file, defaults):
+    again = arbiter.load()
+    assert again.fingerprint == defaults.fingerprint
+    assert again.fingerprint_hex == f"{defaults.fingerprint:016x}"
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(site_file.read_text())
+    assert arbiter.load([copy]).fingerprint == arbiter.load([site_file]).fingerprint
+    assert arbiter.load([copy]).fingerprint != defaults.fingerprint
+
+
+def test_every_consumer_agrees_with_the_cli(site_file, monkeypatch, arbiter_bin):
+    monkeypatch.setenv("ARBITER_CONFIG", str(site_file))
+    policy = arbiter.from_environment()
+    args = ["decide", "--capability", "103", "--world-size", "16", "--nodes", "4"]
+    args += ["--nvlink-domain", "--multicast", "--bytes", "8MiB", "--json"]
+    cli = json.loads(
+        subprocess.run([arbiter_bin, *args], capture_output=True, text=True, check=True).stdout
+    )
+    ours = json.loads(policy.explain(message_bytes="8MiB", json=True, **NVL72))
+    assert cli["fingerprint"] == policy.fingerprint_hex
+    assert cli == ours
+
+
+def test_sizes_are_exact_integers():
+    assert arbiter.parse_size("0.5MiB") == 524288
+    assert arbiter.parse_size("64 MiB") == 64 * MiB
+    assert arbiter.parse_size(4096) == 4096
+    for bad in (524288.0, "1.5B", "12 MB", 0, "-1", True):
+        with pytest.raises(arbiter.ArbiterError):
+            arbiter.parse_size(bad)
+
+
+def test_capability_spellings():
+    for spelling in (103, "103", "10.3", "sm_103", "sm103"):
+        assert arbiter.parse_capability(spelling) == 103
+    assert arbiter.parse_capability("cpu") == 0
+    for bad in ("sm_90a", "9", "10.30", "h100", 9.0):
+        with pytest.raises(arbiter.ArbiterError) as raised:
+            arbiter.parse_capability(bad)
+        assert raised.value.status == arbiter.Status.INVALID_ARGUMENT
+    with pytest.raises(arbiter.ArbiterError, match="did you mean 90"):
+        arbiter.parse_capability("9")
+
+
+def test_unknown_names_are_errors_not_defaults(defaults):
+    with pytest.raises(arbiter.ArbiterError, match="unknown dtype 'bf61'"):
+        defaults.decide(capability=90, world_size=8, message_bytes=KiB, dtype="bf61")
+    with pytest.raises(arbiter.ArbiterError, match="unknown pattern"):
+        defaults.decide(capability=90, world_size=8, message_bytes=KiB, pattern="rmsnorm")
+
+
+def test_an_impossible_request_is_a_decision_not_an_exception(defaults):
+    d = defaults.decide(capability=90, world_size=1, message_bytes=KiB)
+    assert (d.backend, d.fused, d.reason) == ("nccl", False, "invalid_request")
+
+
+def test_a_closed_policy_refuses_calls():
+    policy = arbiter.load()
+    policy.close()
+    with pytest.raises(arbiter.ArbiterError, match="closed"):
+        policy.decide(capability=90, world_size=8, message_bytes=KiB)
+
+
+def test_the_library_comes_from_arbiter_library_when_set():
+    explicit = os.environ.get("ARBITER_LIBRARY")
+    if not explicit:
+        pytest.skip("ARBITER_LIBRARY is not set")
+    loaded = os.path.realpath(arbiter.library_path())
+    assert loaded.startswith(os.path.realpath(explicit).rstrip("/"))
