@@ -1,10 +1,33 @@
 #include "cli.h"
 
+#include <cctype>
 #include <iostream>
 
 #include "arbiter/size.h"
 
 namespace arbiter::cli {
+
+namespace {
+
+// The first argument holding a Boost.Program_options placeholder such as
+// %value% or %original_token%, or nullptr.
+const std::string* placeholder_argument(const Args& args) {
+  for (const std::string& a : args) {
+    for (std::size_t open = a.find('%'); open != std::string::npos;) {
+      const std::size_t close = a.find('%', open + 1);
+      if (close == std::string::npos) break;
+      bool name = close > open + 1;
+      for (std::size_t i = open + 1; i < close && name; ++i) {
+        name = std::islower(static_cast<unsigned char>(a[i])) || a[i] == '_';
+      }
+      if (name) return &a;
+      open = close;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 po::variables_map parse(const Args& args, const po::options_description& desc,
                         const po::positional_options_description* positional) {
@@ -17,6 +40,15 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
     po::store(parser.run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
+    // Boost's what() replaces each %placeholder% in its message with the
+    // offending argument, in a loop that never ends (while the message
+    // grows) when that argument contains the placeholder itself. Found by
+    // fuzzing: `arbiter decide --x%original_token%` hung. Say it without
+    // what() then.
+    if (const std::string* bad = placeholder_argument(args)) {
+      throw UsageError{"cannot parse the arguments: '" + *bad +
+                       "' is not an option or value this command takes"};
+    }
     throw UsageError{e.what()};
   }
   return vm;
@@ -113,6 +145,11 @@ Request read_request(const po::variables_map& vm, bool with_size) {
     r.hidden = vm["hidden"].as<std::uint32_t>();
     if (r.tokens == 0 || r.hidden == 0) throw UsageError{"--tokens and --hidden must be positive"};
     r.message_bytes = Request::message_bytes_of(r.tokens, r.hidden, r.dtype);
+    if (r.message_bytes > kMaxSizeBytes) {
+      throw UsageError{"--tokens " + std::to_string(r.tokens) + " x --hidden " +
+                       std::to_string(r.hidden) + " x " + std::to_string(element_size(r.dtype)) +
+                       " bytes is above 1 TiB per rank, which is not a plausible message size"};
+    }
   } else {
     throw UsageError{"give the message size: --bytes SIZE, or --tokens T --hidden H"};
   }

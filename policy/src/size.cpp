@@ -108,6 +108,21 @@ Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
   return {static_cast<std::uint64_t>(bytes), {}};
 }
 
+Parsed<std::uint64_t> parse_size_string(std::string_view text) {
+  Parsed<std::uint64_t> r = parse_size(text, /*plain_is_mib=*/true);
+  if (!r) return r;
+  const std::string_view s = trim(text);
+  const char last = s.back();  // not empty: parse_size accepted it
+  if (std::isdigit(static_cast<unsigned char>(last)) || last == '.') {
+    const std::string number(s);
+    return {std::nullopt, "size '" + number +
+                              "' is a quoted number without a unit; a quoted size needs one: "
+                              "write " +
+                              number + " unquoted (MiB) or \"" + number + "MiB\""};
+  }
+  return r;
+}
+
 std::string format_size(std::uint64_t bytes) {
   for (const Unit& u : kUnits) {
     if (bytes >= u.bytes && bytes % u.bytes == 0) {

@@ -152,7 +152,9 @@ class Parser {
       bytes.reset();
       return true;
     }
-    Parsed<std::uint64_t> r = parse_size(node.value, /*plain_is_mib=*/true);
+    // A quoted size is a string, and a string carries its unit (FORMAT.md).
+    Parsed<std::uint64_t> r =
+        node.quoted ? parse_size_string(node.value) : parse_size(node.value, /*plain_is_mib=*/true);
     if (!r) {
       std::string hint;
       if (r.error.find("is zero") != std::string::npos && allow_off) {

@@ -8,6 +8,9 @@
 #include <yaml-cpp/parser.h>
 
 namespace arbiter::detail {
+
+YamlNode::YamlNode() = default;
+
 namespace {
 
 struct TreeError {

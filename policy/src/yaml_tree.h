@@ -26,6 +26,11 @@ struct YamlNode {
   std::vector<std::pair<YamlNode, YamlNode>> entries;  // maps, in file order
   std::vector<YamlNode> items;                         // sequences
 
+  // Defined (= default) in yaml_tree.cpp. An implicit one makes clang with
+  // libstdc++ 12 instantiate std::pair<YamlNode, YamlNode> while YamlNode is
+  // still incomplete, and reject the file.
+  YamlNode();
+
   bool is_map() const { return kind == Kind::kMap; }
   bool is_seq() const { return kind == Kind::kSeq; }
   bool is_scalar() const { return kind == Kind::kScalar; }

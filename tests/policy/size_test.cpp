@@ -4,6 +4,7 @@
 
 #include "print.h"
 
+#include "arbiter/policy.h"
 #include "arbiter/size.h"
 #include "arbiter/types.h"
 
@@ -58,6 +59,63 @@ BOOST_AUTO_TEST_CASE(bad_sizes_are_rejected_with_a_reason) {
       BOOST_TEST(r.error.find(c.words) != std::string::npos, "message: " << r.error);
     }
   }
+}
+
+// FORMAT.md: a plain number is MiB; a string carries its unit. A quoted
+// number is a string without one, and is rejected rather than read as MiB.
+BOOST_AUTO_TEST_CASE(quoted_sizes_need_a_unit) {
+  BOOST_TEST(*parse_size_string("64MiB").value == 64 * kMiB);
+  BOOST_TEST(*parse_size_string("64 MiB").value == 64 * kMiB);
+  BOOST_TEST(*parse_size_string("1.5MiB").value == 1572864u);
+  BOOST_TEST(*parse_size_string("4096B").value == 4096u);
+  for (const char* text : {"64", "0.5", "524288", " 64 ", "64."}) {
+    BOOST_TEST_CONTEXT("size \"" << text << "\"") {
+      Parsed<std::uint64_t> r = parse_size_string(text);
+      BOOST_TEST(!r.value.has_value());
+      BOOST_TEST(r.error.find("without a unit") != std::string::npos, "message: " << r.error);
+      BOOST_TEST(r.error.find("MiB") != std::string::npos, "message: " << r.error);
+    }
+  }
+  // Other problems keep their own message.
+  BOOST_TEST(parse_size_string("64MB").error.find("binary") != std::string::npos);
+  BOOST_TEST(parse_size_string("0").error.find("zero") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(quoted_unitless_size_in_a_table_is_an_error_at_its_line) {
+  auto load = [](const std::string& max) {
+    LoadOptions o;
+    o.overrides.yaml("site.yaml", "format: 1\nfusion:\n  - {capability: 103, world_size: 8, max: " +
+                                      max + "}\n");
+    return Policy::load(o);
+  };
+  for (const char* max : {"\"64\"", "'64'", "\"0.5\""}) {
+    BOOST_TEST_CONTEXT("max: " << max) {
+      LoadResult r = load(max);
+      BOOST_TEST(!r.policy.has_value());
+      BOOST_TEST_REQUIRE(!r.diagnostics.empty());
+      BOOST_TEST(r.diagnostics.front().line == 3u);
+      BOOST_TEST(r.diagnostics.front().message.find("without a unit") != std::string::npos);
+    }
+  }
+  for (const char* max : {"64", "0.5", "\"64MiB\"", "'512 KiB'", "\"off\"", "off"}) {
+    BOOST_TEST_CONTEXT("max: " << max) { BOOST_TEST(load(max).policy.has_value()); }
+  }
+}
+
+// 2^31 tokens x 2^31 hidden x 4 bytes once wrapped to 0 bytes and was fused.
+BOOST_AUTO_TEST_CASE(tokens_times_hidden_saturates_instead_of_wrapping) {
+  static_assert(Request::message_bytes_of(4096, 7168, Dtype::kBf16) == 4096u * 7168u * 2u);
+  constexpr std::uint64_t kAll = ~std::uint64_t{0};
+  BOOST_TEST(Request::message_bytes_of(1ull << 31, 1ull << 31, Dtype::kFp32) == kAll);
+  BOOST_TEST(Request::message_bytes_of(0xFFFFFFFFull, 0xFFFFFFFFull, Dtype::kFp16) == kAll);
+  BOOST_TEST(Request::message_bytes_of(1ull << 32, 1ull << 32, Dtype::kFp16) == kAll);
+  BOOST_TEST(Request::message_bytes_of(1ull << 31, 1ull << 31, Dtype::kFp16) == 1ull << 63);
+  BOOST_TEST(Request::message_bytes_of(0, 7168, Dtype::kFp32) == 0u);
+  const Policy policy = Policy::load_or_throw(LoadOptions{});
+  const Request r = Request::with_tokens(Capability::sm(103), 8, 1u << 31, 1u << 31, Dtype::kFp32,
+                                         Pattern::kResidualRmsnorm);
+  BOOST_TEST(!policy.decide(r).fused);
+  BOOST_TEST(policy.decide(r).reason == Reason::kAboveCap);
 }
 
 BOOST_AUTO_TEST_CASE(format_size_round_trips) {

@@ -46,10 +46,16 @@ struct Request {
     return r;
   }
 
-  // Per-rank input bytes of tokens x hidden elements of dtype.
+  // Per-rank input bytes of tokens x hidden elements of dtype. Saturates at
+  // the largest value instead of wrapping around: 2^31 tokens x 2^31 hidden
+  // x 4 bytes once came to 0 bytes and was fused; now it is above every cap.
   static constexpr std::uint64_t message_bytes_of(std::uint64_t tokens, std::uint64_t hidden,
                                                   Dtype dtype) {
-    return tokens * hidden * static_cast<std::uint64_t>(element_size(dtype));
+    constexpr std::uint64_t kMax = ~std::uint64_t{0};
+    const auto size = static_cast<std::uint64_t>(element_size(dtype));
+    if (hidden != 0 && tokens > kMax / hidden) return kMax;
+    if (tokens * hidden > kMax / size) return kMax;
+    return tokens * hidden * size;
   }
 };
 

@@ -24,6 +24,12 @@ inline constexpr std::uint64_t kMaxSizeBytes = kTiB;
 // With plain_is_mib == false a plain number is bytes (CLI --bytes 524288).
 Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib);
 
+// A size written as a quoted YAML string ("64 MiB", '512KiB'): a string
+// carries its unit (FORMAT.md). A quoted plain number ("64", "0.5") is
+// rejected: whoever quoted it may have meant bytes, and "524288" read as
+// MiB would silently become 512 GiB.
+Parsed<std::uint64_t> parse_size_string(std::string_view text);
+
 // "64 MiB", "512 KiB", "1536 KiB", "3 B": the largest binary unit that
 // divides the value exactly, so the text parses back to the same bytes.
 std::string format_size(std::uint64_t bytes);

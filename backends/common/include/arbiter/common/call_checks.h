@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "arbiter/common/launch_config.h"
 #include "arbiter/common/numeric.h"
@@ -43,19 +45,32 @@ constexpr std::uint32_t quant_out_alignment(arbiter_pattern pattern, arbiter_dty
   return 1;
 }
 
+// The value a C caller stored in an ABI enum field. C allows any int there;
+// reading the field as the C++ enum type is undefined for a value outside
+// the enumerators' range (UBSan's enum check, found by test-hardening.sh),
+// so the bytes are copied out as the underlying integer instead.
+template <class Enum>
+inline std::int64_t raw_enum(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof value);
+  return static_cast<std::int64_t>(value);
+}
+
 // A known pattern, one-shot or two-shot, and a known dtype.
 inline Status check_call_kind(const arbiter_allreduce_args& a) {
-  const auto n = [](std::int32_t v) { return std::to_string(v); };
-  const std::int32_t pattern = a.pattern;
+  const auto n = [](std::int64_t v) { return std::to_string(v); };
+  const std::int64_t pattern = raw_enum(a.pattern);
   if (pattern < ARBITER_PATTERN_ALLREDUCE || pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
     return Status(ARBITER_UNSUPPORTED, "pattern " + n(pattern) + " is not supported");
   }
-  if (a.algorithm != ARBITER_ALGORITHM_ONESHOT && a.algorithm != ARBITER_ALGORITHM_TWOSHOT) {
+  const std::int64_t algorithm = raw_enum(a.algorithm);
+  if (algorithm != ARBITER_ALGORITHM_ONESHOT && algorithm != ARBITER_ALGORITHM_TWOSHOT) {
     return Status(ARBITER_UNSUPPORTED,
-                  "algorithm " + n(a.algorithm) + " is not supported (one-shot or two-shot)");
+                  "algorithm " + n(algorithm) + " is not supported (one-shot or two-shot)");
   }
-  if (!is_valid_dtype(a.dtype)) {
-    return Status(ARBITER_UNSUPPORTED, "dtype " + n(a.dtype) + " is not fp16, bf16 or fp32");
+  const std::int64_t dtype = raw_enum(a.dtype);
+  if (!is_valid_dtype(dtype)) {
+    return Status(ARBITER_UNSUPPORTED, "dtype " + n(dtype) + " is not fp16, bf16 or fp32");
   }
   return Status();
 }
