@@ -4,7 +4,8 @@
 # everything is already there.
 set -euo pipefail
 packages=(cmake g++ make libyaml-cpp-dev libboost-test-dev libboost-program-options-dev
-          libucx-dev ucx-utils pkg-config python3-pytest)
+          libucx-dev ucx-utils pkg-config python3-pytest
+          clang libclang-rt-14-dev llvm python3-yaml python3-jsonschema)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,3 +7,4 @@ scripts/build.sh
 export BOOST_TEST_COLOR_OUTPUT=no
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)"
 scripts/test-install.sh   # install into a temporary prefix; consumers: CMake, pkg-config, Python
+scripts/test-hardening.sh  # clang: libFuzzer targets, ctest -L cpu under ASan+UBSan, TSan

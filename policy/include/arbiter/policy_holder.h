@@ -1,0 +1,98 @@
+// A Policy that can be replaced while other threads decide with it: the
+// tables of a long-running process, reloaded when an operator edits a site
+// file.
+//
+// Readers: current() is one atomic load (acquire). decide(), explain() and
+// max_fused_bytes() through it are lock-free, allocation-free and never
+// throw, like Policy's own. A reader sees the tables of one version, never a
+// mix: every version is an immutable Policy, published whole with a single
+// atomic store (release) after it was completely loaded and compiled. To
+// take several decisions from one version (and know which), read current()
+// once and use that reference:
+//
+//   const Policy& p = holder.current();
+//   Decision d = p.decide(request);  // from the tables whose
+//   std::uint64_t f = p.fingerprint();  // fingerprint is f
+//
+// Writers: reload() loads a new Policy (all or nothing: a table with any
+// error publishes nothing and returns the diagnostics) and publishes it;
+// publish() installs one loaded elsewhere. Writers are serialised by a mutex
+// that readers never touch.
+//
+// Memory: a reference returned by current() stays valid until the holder is
+// destroyed, so every published version is kept until then; readers pay no
+// reference counting and need no hazard pointers. Reloads are rare (an
+// operator edits a table), so the cost is bounded by retained_versions()
+// times the size of one compiled table: about 32 KiB for the default tables
+// with a small site file (a thousand reloads keep about 32 MiB). A process
+// that reloads without bound should recreate its holder once no reader
+// uses it.
+//
+// Thread-safety: every member may be called concurrently with every other
+// one, except the destructor, which must run after all readers are done.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "arbiter/decision.h"
+#include "arbiter/diagnostic.h"
+#include "arbiter/policy.h"
+#include "arbiter/request.h"
+
+namespace arbiter {
+
+struct ReloadResult {
+  // True when the new tables were published; false when the load found an
+  // error (the previous tables stay in use).
+  bool published = false;
+  // The generation in use after the call (0 is the initial version).
+  std::uint64_t generation = 0;
+  // Errors and warnings of the load, in file order.
+  std::vector<Diagnostic> diagnostics;
+};
+
+class PolicyHolder {
+ public:
+  // `initial` is generation 0.
+  explicit PolicyHolder(Policy initial);
+  PolicyHolder(const PolicyHolder&) = delete;
+  PolicyHolder& operator=(const PolicyHolder&) = delete;
+  ~PolicyHolder();
+
+  // The tables in use. The reference stays valid (and its tables unchanged)
+  // until the holder is destroyed, across any number of reloads.
+  const Policy& current() const noexcept { return *current_.load(std::memory_order_acquire); }
+
+  // Shorthands for current().decide(...) and friends: each reads the current
+  // version once.
+  Decision decide(const Request& request) const noexcept { return current().decide(request); }
+  Decision explain(const Request& request) const noexcept { return current().explain(request); }
+  std::optional<std::uint64_t> max_fused_bytes(const Request& request) const noexcept {
+    return current().max_fused_bytes(request);
+  }
+  std::uint64_t fingerprint() const noexcept { return current().fingerprint(); }
+
+  // Loads `options` (see Policy::load) and, when that finds no error,
+  // publishes the result. Never throws for bad input.
+  [[nodiscard]] ReloadResult reload(const LoadOptions& options);
+  // Publishes `policy`; returns its generation.
+  std::uint64_t publish(Policy policy);
+
+  // Number of versions published so far, the initial one not counted.
+  std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
+  // Versions kept alive (the current one included): generation() + 1.
+  std::size_t retained_versions() const;
+
+ private:
+  std::atomic<const Policy*> current_;
+  std::atomic<std::uint64_t> generation_{0};
+  mutable std::mutex writer_;                            // guards versions_ and publishing
+  std::vector<std::unique_ptr<const Policy>> versions_;  // oldest first
+};
+
+}  // namespace arbiter
