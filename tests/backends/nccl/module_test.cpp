@@ -5,7 +5,6 @@
 #include <boost/test/unit_test.hpp>
 
 #include <dlfcn.h>
-#include <link.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,9 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "arbiter_backend.h"
 #include "arbiter/common/arch_coverage.h"
+#include "arbiter_backend.h"
 #include "module.h"
+#include "module_checks.h"
 #include "run_command.h"
 #include "thread_oob.h"
 
@@ -23,24 +23,7 @@ namespace {
 
 using arbiter::test::NcclModule;
 
-bool has_cuda_driver() {
-  void* cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (cuda == nullptr) return false;
-  dlclose(cuda);
-  return true;
-}
-
-std::vector<std::string> loaded_objects() {
-  std::vector<std::string> names;
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* out) {
-        static_cast<std::vector<std::string>*>(out)->push_back(info->dlpi_name ? info->dlpi_name
-                                                                               : "");
-        return 0;
-      },
-      &names);
-  return names;
-}
+using arbiter::test::has_cuda_driver;
 
 arbiter_workspace_spec spec_for(int rank, int world_size) {
   arbiter_workspace_spec spec{};
@@ -60,16 +43,7 @@ arbiter_workspace_spec spec_for(int rank, int world_size) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(loads_with_dlopen_without_libcuda_or_a_shared_cudart) {
-  const std::vector<std::string> before = loaded_objects();
-  NcclModule module;
-  BOOST_REQUIRE_MESSAGE(module.loaded(),
-                        "dlopen " << arbiter::test::nccl_module_path() << ": " << module.error());
-  for (const std::string& name : loaded_objects()) {
-    if (std::find(before.begin(), before.end(), name) != before.end()) continue;
-    BOOST_TEST_MESSAGE("loaded with the module: " << name);
-    BOOST_CHECK_MESSAGE(name.find("libcuda.so") == std::string::npos, name);
-    BOOST_CHECK_MESSAGE(name.find("libcudart.so") == std::string::npos, name);
-  }
+  arbiter::test::check_loads_without_cuda_libraries("nccl");
 }
 
 BOOST_AUTO_TEST_CASE(exports_abi_v1_named_nccl) {
@@ -87,21 +61,7 @@ BOOST_AUTO_TEST_CASE(exports_abi_v1_named_nccl) {
 }
 
 BOOST_AUTO_TEST_CASE(exports_no_symbol_but_the_v1_entry) {
-  const auto result = arbiter::test::run_command(
-      "nm -D --defined-only " + arbiter::test::shell_quote(arbiter::test::nccl_module_path()));
-  BOOST_REQUIRE_MESSAGE(result.exit_code == 0, "nm failed: " << result.output);
-  std::vector<std::string> symbols;
-  std::string line;
-  for (char c : result.output + "\n") {
-    if (c != '\n') {
-      line += c;
-      continue;
-    }
-    if (!line.empty()) symbols.push_back(line.substr(line.rfind(' ') + 1));
-    line.clear();
-  }
-  BOOST_TEST_INFO("nm -D --defined-only:\n" << result.output);
-  BOOST_TEST(symbols == std::vector<std::string>{"arbiter_backend_v1"});
+  arbiter::test::check_exports_only_the_v1_entry("nccl");
 }
 
 BOOST_AUTO_TEST_CASE(probe_says_why_it_cannot_run) {
