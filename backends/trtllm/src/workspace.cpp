@@ -177,12 +177,17 @@ Status map_peer(arbiter_workspace& ws, const Hello& mine, const Hello& peer, std
   return Status();
 }
 
-void unmap_and_free(arbiter_workspace& ws) {
+// Closes the CUDA IPC mappings of peers in other processes.
+void close_peer_mappings(arbiter_workspace& ws) {
   for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
     if (ws.ipc_opened[q]) cudaIpcCloseMemHandle(ws.peers[q]);
     ws.ipc_opened[q] = false;
-    ws.peers[q] = nullptr;
   }
+}
+
+void unmap_and_free(arbiter_workspace& ws) {
+  close_peer_mappings(ws);
+  for (char*& peer : ws.peers) peer = nullptr;
   if (ws.base != nullptr) cudaFree(ws.base);
   ws.base = nullptr;
   cudaGetLastError();
@@ -230,10 +235,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   if (s = common::verdict(outcomes, oob.rank); !s.ok()) {
     // A peer may have mapped this rank's memory already: wait for everyone
     // to unmap before freeing.
-    for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
-      if (ws.ipc_opened[q]) cudaIpcCloseMemHandle(ws.peers[q]);
-      ws.ipc_opened[q] = false;
-    }
+    close_peer_mappings(ws);
     oob.barrier(oob.ctx, spec.timeout_ms);
     unmap_and_free(ws);
     return s;
@@ -249,10 +251,7 @@ void destroy_workspace(arbiter_workspace& ws) {
   // workspace of the group any more.
   cudaDeviceSynchronize();
   ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
-  for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
-    if (ws.ipc_opened[q]) cudaIpcCloseMemHandle(ws.peers[q]);
-    ws.ipc_opened[q] = false;
-  }
+  close_peer_mappings(ws);
   // Every peer has unmapped this rank's memory before it is freed.
   ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
   unmap_and_free(ws);
