@@ -7,13 +7,15 @@
 // (arbiter/common/launch_config.h) and enqueues one kernel: no allocation,
 // no synchronisation, capturable in CUDA graphs. Every rank must make the
 // same calls in the same order with the same shapes.
+// arbiter/common/abi_entry.h holds the entry points' argument checks and
+// exception boundary.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <string>
 
 #include "arbiter/common/abi_entry.h"
 #include "arbiter/common/cuda/epilogue_params.h"
+#include "arbiter/common/cuda/kernel_launch_shape.h"
 #include "arbiter/common/cuda_host.h"
 #include "arbiter/common/launch_config.h"
 #include "arbiter/common/status.h"
@@ -40,123 +42,77 @@ constexpr std::uint64_t kWorldSizeMask = ~std::uint64_t{3};
 constexpr std::uint32_t kDtypeMask =
     (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
 
-thread_local std::string t_last_error;
-
-std::int32_t report(const Status& s) { return common::report(t_last_error, "mnnvl", s); }
-
-std::int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
-  if (args == nullptr || caps == nullptr) {
-    return report(Status(ARBITER_INVALID_ARGUMENT, "probe: args and caps must not be NULL"));
-  }
-  std::uint32_t capability = 0;
-  if (Status s = common::probe_gpu(*args, kMinCapability, ARBITER_MNNVL_KERNEL_ARCHS, &capability);
-      !s.ok()) {
-    return report(s);
-  }
-  const DriverApi* api = nullptr;
-  if (Status s = driver_api(&api); !s.ok()) return report(s);
-  *caps = arbiter_backend_caps{};
-  caps->device_kind = ARBITER_DEVICE_GPU;
-  caps->capability = capability;
-  caps->world_size_mask = kWorldSizeMask;
-  caps->dtype_mask = kDtypeMask;
-  caps->pattern_mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
-                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
-                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
-  if (capability >= common::kMinNvfp4Capability) {
-    caps->pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
-  }
-  caps->algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
-  caps->flags = ARBITER_CAPS_NEEDS_MULTICAST | ARBITER_CAPS_NEEDS_NVLINK;
-  return ARBITER_OK;
-}
-
-std::int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
-                         arbiter_workspace** out) {
-  if (out == nullptr) return report(Status(ARBITER_INVALID_ARGUMENT, "out is NULL"));
-  *out = nullptr;
-  if (oob == nullptr || spec == nullptr || oob->allgather == nullptr || oob->barrier == nullptr ||
-      oob->broadcast == nullptr) {
-    return report(Status(ARBITER_INVALID_ARGUMENT, "oob, its functions and spec must not be NULL"));
-  }
-  auto* ws = new arbiter_workspace();
-  if (Status s = create_workspace(*oob, *spec, *ws); !s.ok()) {
-    delete ws;
-    return report(s);
-  }
-  *out = ws;
-  return ARBITER_OK;
-}
-
-std::int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
-  if (ws == nullptr) return report(Status(ARBITER_INVALID_ARGUMENT, "workspace is NULL"));
-  if (Status s = check_call(ws->layout, args, ws->capability); !s.ok()) return report(s);
-  const arbiter_allreduce_args& a = *args;
-
-  common::LaunchRequest request;
-  request.tokens = a.tokens;
-  request.hidden = a.hidden;
-  request.dtype = a.dtype;
-  request.world_size = ws->world_size;
-  request.algorithm = a.algorithm;
-  request.pattern = a.pattern;
-  const common::Result<common::LaunchConfig> chosen =
-      common::choose_launch_config(request, ws->limits);
-  if (!chosen.ok()) return report(chosen.status());
-  const common::LaunchConfig& config = chosen.value();
-
-  KernelParams p;
-  for (std::uint32_t q = 0; q < ws->world_size; ++q) p.peers[q] = ws->peers[q];
-  p.multicast = ws->multicast;
-  p.control = reinterpret_cast<ControlBlock*>(ws->peers[ws->rank] + ws->layout.control_offset);
-  p.rank = ws->rank;
-  p.world_size = ws->world_size;
-  p.tokens = a.tokens;
-  p.buffers_offset = ws->layout.buffers_offset;
-  p.buffer_bytes = ws->layout.buffer_bytes;
-  p.broadcast_offset = ws->layout.scatter_bytes;
-  p.spin_timeout_ns = ws->spin_timeout_ns;
-  p.input = a.input;
-  p.epilogue = common::make_epilogue_params(a, config.threads_per_token, config.cluster_size);
-
-  common::LaunchShape shape;
-  shape.grid_blocks = config.grid_blocks;
-  shape.cta_threads = config.cta_threads;
-  shape.cluster_size = config.cluster_size;
-  shape.pdl = (a.flags & ARBITER_RUN_PDL) != 0;
-
-  common::DeviceScope scope;
-  if (const cudaError_t e = scope.use(ws->device); e != cudaSuccess) {
-    return report(Status(ARBITER_INTERNAL, common::cuda_message("cudaSetDevice", e)));
-  }
-  const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t e = a.algorithm == ARBITER_ALGORITHM_ONESHOT
-                            ? launch_oneshot(p, a.dtype, a.pattern, shape, s)
-                            : launch_twoshot(p, a.dtype, a.pattern, shape, s);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return report(Status(ARBITER_INTERNAL, common::cuda_message("kernel launch", e)));
-  }
-  return ARBITER_OK;
-}
-
-// The ABI entry points (arbiter/common/abi_entry.h wraps each).
 struct Module {
   static constexpr const char* kName = "mnnvl";
-  static std::string& last_error() { return t_last_error; }
-  static std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
-    return probe_impl(args, caps);
+
+  static Status probe(const arbiter_probe_args& args, arbiter_backend_caps* caps) {
+    std::uint32_t capability = 0;
+    if (Status s = common::probe_gpu(args, kMinCapability, ARBITER_MNNVL_KERNEL_ARCHS, &capability);
+        !s.ok()) {
+      return s;
+    }
+    const DriverApi* api = nullptr;
+    if (Status s = driver_api(&api); !s.ok()) return s;
+    *caps = arbiter_backend_caps{};
+    caps->device_kind = ARBITER_DEVICE_GPU;
+    caps->capability = capability;
+    caps->world_size_mask = kWorldSizeMask;
+    caps->dtype_mask = kDtypeMask;
+    caps->pattern_mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
+                         (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
+                         (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
+    if (capability >= common::kMinNvfp4Capability) {
+      caps->pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+    }
+    caps->algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
+    caps->flags = ARBITER_CAPS_NEEDS_MULTICAST | ARBITER_CAPS_NEEDS_NVLINK;
+    return Status();
   }
-  static std::int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
-                             arbiter_workspace** out) {
-    return create_impl(oob, spec, out);
+
+  static Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                                 arbiter_workspace& ws) {
+    // Rank 0 broadcasts the multicast handle.
+    if (oob.broadcast == nullptr) {
+      return Status(ARBITER_INVALID_ARGUMENT, "oob, its functions and spec must not be NULL");
+    }
+    return mnnvl::create_workspace(oob, spec, ws);
   }
-  static std::uint64_t max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm a) {
-    return per_call_capacity(ws->layout, a);
+
+  static std::uint64_t max_message_bytes(const arbiter_workspace& ws, arbiter_algorithm a) {
+    return per_call_capacity(ws.layout, a);
   }
-  static std::int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
-    return run_impl(ws, args, stream);
+
+  static Status run(arbiter_workspace& ws, const arbiter_allreduce_args* args, void* stream) {
+    if (Status s = check_call(ws.layout, args, ws.capability); !s.ok()) return s;
+    const arbiter_allreduce_args& a = *args;
+    const common::Result<common::LaunchConfig> chosen =
+        common::launch_config_for(a, ws.world_size, ws.limits);
+    if (!chosen.ok()) return chosen.status();
+    const common::LaunchConfig& config = chosen.value();
+
+    KernelParams p;
+    for (std::uint32_t q = 0; q < ws.world_size; ++q) p.peers[q] = ws.peers[q];
+    p.multicast = ws.multicast;
+    p.control = reinterpret_cast<ControlBlock*>(ws.peers[ws.rank] + ws.layout.control_offset);
+    p.rank = ws.rank;
+    p.world_size = ws.world_size;
+    p.tokens = a.tokens;
+    p.buffers_offset = ws.layout.buffers_offset;
+    p.buffer_bytes = ws.layout.buffer_bytes;
+    p.broadcast_offset = ws.layout.scatter_bytes;
+    p.spin_timeout_ns = ws.spin_timeout_ns;
+    p.input = a.input;
+    p.epilogue = common::make_epilogue_params(a, config.threads_per_token, config.cluster_size);
+
+    const common::LaunchShape shape = common::launch_shape_of(config, a.flags);
+    const auto s = static_cast<cudaStream_t>(stream);
+    return common::launch_on_device(ws.device, [&] {
+      return a.algorithm == ARBITER_ALGORITHM_ONESHOT
+                 ? launch_oneshot(p, a.dtype, a.pattern, shape, s)
+                 : launch_twoshot(p, a.dtype, a.pattern, shape, s);
+    });
   }
+
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }
 };
 

@@ -23,7 +23,6 @@ struct KernelParams {
   std::uint32_t rank = 0;
   std::uint32_t world_size = 0;
   std::uint32_t tokens = 0;
-  std::uint32_t hidden = 0;
   // Workspace layout (bytes from a workspace base).
   std::uint64_t flags_offset = 0;
   std::uint64_t oneshot_offset = 0;

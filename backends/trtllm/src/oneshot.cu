@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
   const Lane lane = lane_of(p.epilogue);
   const unsigned clusters = gridDim.x / p.epilogue.cluster_size;
   const unsigned cluster = blockIdx.x / p.epilogue.cluster_size;
-  const std::uint64_t row_bytes = std::uint64_t{p.hidden} * sizeof(typename V::Bits);
+  const std::uint64_t row_bytes = std::uint64_t{p.epilogue.hidden} * sizeof(typename V::Bits);
   const std::uint64_t lane_bytes = std::uint64_t{lane.vector} * 16;
   const std::uint64_t stage_base = p.oneshot_offset + stage * p.stage_bytes;
   char* const self = p.peers[p.rank];

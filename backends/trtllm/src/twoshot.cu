@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
   const Lane lane = lane_of(p.epilogue);
   const unsigned clusters = gridDim.x / p.epilogue.cluster_size;
   const unsigned cluster = blockIdx.x / p.epilogue.cluster_size;
-  const std::uint64_t row_bytes = std::uint64_t{p.hidden} * sizeof(typename V::Bits);
+  const std::uint64_t row_bytes = std::uint64_t{p.epilogue.hidden} * sizeof(typename V::Bits);
   const std::uint64_t lane_bytes = std::uint64_t{lane.vector} * 16;
   char* const self = p.peers[p.rank];
 

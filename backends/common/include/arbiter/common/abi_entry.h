@@ -40,39 +40,72 @@ std::int32_t guarded(std::string& last_error, const char* module, Body&& body) {
   return ARBITER_INTERNAL;
 }
 
-// The v1 entry points of a module implemented by `Impl`, every one behind
-// guarded(). Impl provides, as static members:
-//   const char* kName; std::string& last_error() (thread-local storage);
-//   int32_t probe(const arbiter_probe_args*, arbiter_backend_caps*);
-//   int32_t create(const arbiter_oob*, const arbiter_workspace_spec*, arbiter_workspace**);
-//   uint64_t max_message_bytes(const arbiter_workspace*, arbiter_algorithm);
-//   int32_t run(arbiter_workspace*, const arbiter_allreduce_args*, void*);
-//   void destroy(arbiter_workspace&) (collective teardown; the wrapper deletes).
-// Instantiate where arbiter_workspace is a complete type.
-template <typename Impl>
+// The v1 entry points of a module implemented by `Impl`: argument checks,
+// workspace allocation, the per-thread last error and the exception
+// boundary are here; Impl provides, as static members:
+//   const char* kName;
+//   Status probe(const arbiter_probe_args&, arbiter_backend_caps*);
+//   Status create_workspace(const arbiter_oob&, const arbiter_workspace_spec&,
+//                           arbiter_workspace&);   (collective; frees what it
+//                           made on failure)
+//   std::uint64_t max_message_bytes(const arbiter_workspace&, arbiter_algorithm);
+//   Status run(arbiter_workspace&, const arbiter_allreduce_args*, void* stream);
+//   void destroy(arbiter_workspace&);              (collective teardown)
+// Instantiate where arbiter_workspace is a complete type (Workspace is a
+// parameter only so that the allocation is checked there, not here).
+template <typename Impl, typename Workspace = arbiter_workspace>
 struct BackendEntries {
+  static std::string& error() {
+    thread_local std::string message;
+    return message;
+  }
+  static std::int32_t fail(const Status& s) { return report(error(), Impl::kName, s); }
+
   static std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
-    return guarded(Impl::last_error(), Impl::kName, [&] { return Impl::probe(args, caps); });
+    return guarded(error(), Impl::kName, [&] {
+      if (args == nullptr || caps == nullptr) {
+        return fail(Status(ARBITER_INVALID_ARGUMENT, "probe: args and caps must not be NULL"));
+      }
+      return fail(Impl::probe(*args, caps));
+    });
   }
   static std::int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
                              arbiter_workspace** out) {
-    return guarded(Impl::last_error(), Impl::kName, [&] { return Impl::create(oob, spec, out); });
+    return guarded(error(), Impl::kName, [&] {
+      if (out == nullptr) return fail(Status(ARBITER_INVALID_ARGUMENT, "out is NULL"));
+      *out = nullptr;
+      if (oob == nullptr || spec == nullptr || oob->allgather == nullptr ||
+          oob->barrier == nullptr) {
+        return fail(
+            Status(ARBITER_INVALID_ARGUMENT, "oob, its functions and spec must not be NULL"));
+      }
+      auto* ws = new Workspace();
+      if (Status s = Impl::create_workspace(*oob, *spec, *ws); !s.ok()) {
+        delete ws;
+        return fail(s);
+      }
+      *out = ws;
+      return std::int32_t{ARBITER_OK};
+    });
   }
   static std::uint64_t max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
-    return ws == nullptr ? 0 : Impl::max_message_bytes(ws, algorithm);
+    return ws == nullptr ? 0 : Impl::max_message_bytes(*ws, algorithm);
   }
   static std::int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
-    return guarded(Impl::last_error(), Impl::kName, [&] { return Impl::run(ws, args, stream); });
+    return guarded(error(), Impl::kName, [&] {
+      if (ws == nullptr) return fail(Status(ARBITER_INVALID_ARGUMENT, "workspace is NULL"));
+      return fail(Impl::run(*ws, args, stream));
+    });
   }
   static void destroy(arbiter_workspace* ws) {
     if (ws == nullptr) return;
-    guarded(Impl::last_error(), Impl::kName, [&] {
+    guarded(error(), Impl::kName, [&] {
       Impl::destroy(*ws);
       return std::int32_t{ARBITER_OK};
     });
     delete ws;
   }
-  static const char* last_error() { return Impl::last_error().c_str(); }
+  static const char* last_error() { return error().c_str(); }
 
   static constexpr arbiter_backend_v1_t table() {
     return arbiter_backend_v1_t{ARBITER_BACKEND_ABI_VERSION, Impl::kName, &probe,   &create,

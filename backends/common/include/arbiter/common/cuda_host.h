@@ -53,6 +53,21 @@ inline Status use_device(DeviceScope& scope, int device) {
   return Status();
 }
 
+// Enqueues `launch` (returning the launch's cudaError_t) with `device`
+// current, restoring the caller's device; a failure is ARBITER_INTERNAL.
+template <typename Launch>
+Status launch_on_device(int device, Launch launch) {
+  DeviceScope scope;
+  if (const cudaError_t e = scope.use(device); e != cudaSuccess) {
+    return Status(ARBITER_INTERNAL, cuda_message("cudaSetDevice", e));
+  }
+  if (const cudaError_t e = launch(); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_INTERNAL, cuda_message("kernel launch", e));
+  }
+  return Status();
+}
+
 // major * 10 + minor of `device`.
 inline cudaError_t device_capability(int device, unsigned* capability) {
   int major = 0;
