@@ -10,6 +10,14 @@ if(TARGET Boost::unit_test_framework AND COMMAND arbiter_add_test)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/mnnvl_host_test.cpp
     LIBS arbiter::mnnvl_host
     LABELS cpu)
+  # The POSIX-descriptor exchange (abstract Unix sockets, SCM_RIGHTS) on pipes.
+  arbiter_add_test(backends_mnnvl_fd_exchange_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/mnnvl/fd_exchange_test.cpp
+            ${PROJECT_SOURCE_DIR}/backends/mnnvl/src/fd_exchange.cpp
+    LIBS arbiter::mnnvl_host Threads::Threads
+    LABELS cpu TIMEOUT 60)
+  target_include_directories(backends_mnnvl_fd_exchange_test PRIVATE
+    ${PROJECT_SOURCE_DIR}/backends/mnnvl/src ${CMAKE_CURRENT_LIST_DIR}/support)
 endif()
 
 if(TARGET arbiter-mnnvl)

@@ -61,6 +61,24 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
+// One byte of payload with room for one descriptor (SCM_RIGHTS), as both
+// ends of the exchange send and receive it. Points into itself: not copyable.
+struct FdMessage {
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr header{};
+
+  FdMessage() {
+    header.msg_iov = &io;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 // Serves `fd` to `clients` connections: each sends its rank, gets the fd.
 Status serve(int listener, int fd, int clients, Clock::time_point deadline) {
   for (int served = 0; served < clients; ++served) {
@@ -75,20 +93,14 @@ Status serve(int listener, int fd, int clients, Clock::time_point deadline) {
         recv(conn.get(), &rank, sizeof rank, MSG_WAITALL) != sizeof rank) {
       return Status(ARBITER_TIMEOUT, "fd exchange: a peer connected but sent no rank");
     }
-    char byte = 'f';
-    iovec io{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr message{};
-    message.msg_iov = &io;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    FdMessage message;
+    message.byte = 'f';
+    cmsghdr* c = CMSG_FIRSTHDR(&message.header);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(conn.get(), &message, MSG_NOSIGNAL) != 1) {
+    if (sendmsg(conn.get(), &message.header, MSG_NOSIGNAL) != 1) {
       return Status(ARBITER_INTERNAL,
                     errno_text("fd exchange: sendmsg") + " (to rank " + std::to_string(rank) + ")");
     }
@@ -113,19 +125,13 @@ Status fetch(std::uint64_t nonce, int me, int rank, int* out, Clock::time_point 
   if (send(s.get(), &mine, sizeof mine, MSG_NOSIGNAL) != sizeof mine) {
     return Status(ARBITER_INTERNAL, errno_text("fd exchange: send"));
   }
-  char byte = 0;
-  iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &io;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
-  if (!wait_for(s.get(), POLLIN, deadline) || recvmsg(s.get(), &message, MSG_CMSG_CLOEXEC) != 1) {
+  FdMessage message;
+  if (!wait_for(s.get(), POLLIN, deadline) ||
+      recvmsg(s.get(), &message.header, MSG_CMSG_CLOEXEC) != 1) {
     return Status(ARBITER_TIMEOUT, "fd exchange: rank " + std::to_string(rank) +
                                        " sent no handle before the deadline");
   }
-  const cmsghdr* c = CMSG_FIRSTHDR(&message);
+  const cmsghdr* c = CMSG_FIRSTHDR(&message.header);
   if (c == nullptr || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
     return Status(ARBITER_INTERNAL,
                   "fd exchange: rank " + std::to_string(rank) + " sent a message without a handle");
