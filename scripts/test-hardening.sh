@@ -81,7 +81,9 @@ supp="$repo/scripts/lsan-third-party.supp"
 asan_options="halt_on_error=1:detect_leaks=1:check_initialization_order=1:strict_init_order=1"
 asan_options+=":detect_stack_use_after_return=1:print_summary=1"
 ubsan_options="halt_on_error=1:print_stacktrace=1"
-san_flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+# ARBITER_CHECKED keeps the library's internal invariant checks
+# (policy/src/checked.h) in these optimised builds.
+san_flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DARBITER_CHECKED"
 # Backend modules link with --no-undefined, but an instrumented module leaves
 # the sanitizer runtime's symbols to the program that dlopens it (clang
 # exports them from every sanitized executable). CMake puts
@@ -94,7 +96,7 @@ if [[ " $stages " == *" fuzz "* ]]; then
   start=$(now)
   dir=$root/fuzz
   targets=(policy_load size cli)
-  flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DARBITER_CHECKED"
   if configure "$dir" "$flags" "$flags" \
       -DARBITER_FUZZ=ON -DARBITER_BUILD_TESTS=OFF -DARBITER_BUILD_BENCH=OFF \
       -DARBITER_BUILD_EXAMPLES=OFF &&
@@ -179,7 +181,7 @@ if [[ " $stages " == *" tsan "* ]]; then
   start=$(now)
   dir=$root/tsan
   tsan_tests=(policy_reload_test backends_shm_test runtime_dispatch_test)
-  if configure "$dir" "-fsanitize=thread -fno-omit-frame-pointer" "-fsanitize=thread" \
+  if configure "$dir" "-fsanitize=thread -fno-omit-frame-pointer -DARBITER_CHECKED" "-fsanitize=thread" \
        "${module_undefs[@]}" -DARBITER_BUILD_BENCH=OFF \
        -DARBITER_BUILD_EXAMPLES=OFF &&
      build "$dir" "${tsan_tests[@]}" arbiter-shm recording-mnnvl recording-trtllm recording-nccl; then

@@ -14,7 +14,9 @@ namespace {
 
 // Marks which layer set a grid cell.
 char layer_mark(const Policy& p, std::uint16_t origin) {
-  switch (p.origin(origin).layer) {
+  const Origin* o = p.tables().find_origin(origin);
+  if (!o) return '?';
+  switch (o->layer) {
     case Layer::kDefault:
       return ' ';
     case Layer::kSite:

@@ -5,9 +5,16 @@
 
 #include "arbiter/decision.h"
 #include "arbiter/size.h"
+#include "checked.h"
 #include "text_util.h"
 
 namespace arbiter {
+
+const Origin* Tables::find_origin(std::uint16_t id) const {
+  if (id == kNoOrigin) return nullptr;
+  ARBITER_INVARIANT(id < origins.size(), "origin id past the end of Tables::origins");
+  return id < origins.size() ? &origins[id] : nullptr;
+}
 
 bool CellKey::overlaps(const CellKey& o) const {
   return capability == o.capability && world_size == o.world_size &&
@@ -84,16 +91,29 @@ class Merger {
     return static_cast<std::uint16_t>(t_.origins.size() - 1);
   }
 
+  // A diagnostic at the place `id` names. A setting no layer wrote has no
+  // place: the diagnostic then names the topmost layer's file (the message
+  // names the key).
+  void report(Severity severity, std::uint16_t id, std::string msg, std::string hint) {
+    if (const Origin* o = t_.find_origin(id)) {
+      diagnostics_.push_back(
+          {severity, o->file, o->line, o->column, std::move(msg), std::move(hint)});
+    } else {
+      diagnostics_.push_back({severity, top_file_, 0, 0, std::move(msg), std::move(hint)});
+    }
+    if (severity == Severity::kError) ++errors_;
+  }
   void error_at(std::uint16_t id, std::string msg, std::string hint = {}) {
-    const Origin& o = t_.origins[id];
-    diagnostics_.push_back(
-        {Severity::kError, o.file, o.line, o.column, std::move(msg), std::move(hint)});
-    ++errors_;
+    report(Severity::kError, id, std::move(msg), std::move(hint));
   }
   void warning_at(std::uint16_t id, std::string msg, std::string hint = {}) {
-    const Origin& o = t_.origins[id];
-    diagnostics_.push_back(
-        {Severity::kWarning, o.file, o.line, o.column, std::move(msg), std::move(hint)});
+    report(Severity::kWarning, id, std::move(msg), std::move(hint));
+  }
+  // "file:line" of `id`, for messages that point at a second place.
+  std::string place(std::uint16_t id) const {
+    const Origin* o = t_.find_origin(id);
+    if (!o) return top_file_;
+    return o->file + ":" + std::to_string(o->line);
   }
   void error_env(std::string msg, std::string hint) {
     diagnostics_.push_back(
@@ -102,6 +122,7 @@ class Merger {
   }
 
   void apply(const TableLayer& layer) {
+    top_file_ = layer.file;
     for (const std::string& line : layer.provenance) {
       t_.provenance.push_back(layer.file + ": " + line);
     }
@@ -193,6 +214,25 @@ class Merger {
     }
   }
 
+  // `what` ("preference.cpu lists 'shm'") names backend b, which the
+  // setting at `at` relies on: warn when no `enabled:` list admits it.
+  void warn_if_not_enabled(Backend b, std::uint16_t at, const std::string& what,
+                           std::string_view consequence) {
+    if ((t_.enabled_mask >> static_cast<int>(b)) & 1u) return;
+    const std::string name(backend_name(b));
+    if (t_.enabled_origin == kNoOrigin) {
+      warning_at(at,
+                 what + ", which no layer enables (there is no `enabled:` list); " +
+                     std::string(consequence),
+                 "add `enabled: [" + name + ", ...]`");
+    } else {
+      // Blame whichever of the two settings was written last.
+      warning_at(std::max(at, t_.enabled_origin),
+                 what + ", which is not enabled; " + std::string(consequence),
+                 "add " + name + " to `enabled:`");
+    }
+  }
+
   void check_backends() {
     auto need_defined = [&](Backend b, std::uint16_t at, std::string_view where) {
       if (!t_.backends[static_cast<int>(b)].defined) {
@@ -221,11 +261,9 @@ class Merger {
       const auto kind = static_cast<DeviceKind>(k);
       const std::string where = "fallback." + std::string(device_kind_name(kind));
       if (t_.fallback[k] == Backend::kNone) {
-        diagnostics_.push_back(
-            {Severity::kError, t_.origins.empty() ? "tables" : t_.origins.front().file, 0, 0,
-             "no fallback backend for " + std::string(device_kind_name(kind)) + " ranks",
-             "set " + where + (kind == DeviceKind::kGpu ? ": nccl" : ": shm")});
-        ++errors_;
+        error_at(kNoOrigin,
+                 "no fallback backend for " + std::string(device_kind_name(kind)) + " ranks",
+                 "set " + where + (kind == DeviceKind::kGpu ? ": nccl" : ": shm"));
         continue;
       }
       if (!need_defined(t_.fallback[k], t_.fallback_origin[k], where)) continue;
@@ -235,6 +273,10 @@ class Merger {
                  where + " is '" + std::string(backend_name(t_.fallback[k])) + "', a " +
                      std::string(device_kind_name(r.device)) + " backend",
                  "the fallback must run on the same device kind as the ranks");
+      } else {
+        warn_if_not_enabled(t_.fallback[k], t_.fallback_origin[k],
+                            where + " is '" + std::string(backend_name(t_.fallback[k])) + "'",
+                            "calls that are not fused will find no backend");
       }
     }
     for (int k = 0; k < kTopologyCount; ++k) {
@@ -250,11 +292,10 @@ class Merger {
                        std::string(device_kind_name(r.device)) + " backend",
                    topo == Topology::kCpu ? "list only cpu backends (shm) here"
                                           : "list only gpu backends here");
-        } else if (!((t_.enabled_mask >> static_cast<int>(b)) & 1u)) {
-          // Blame whichever of the two lists was written last.
-          warning_at(std::max(t_.preference_origin[k], t_.enabled_origin),
-                     where + " lists '" + std::string(backend_name(b)) +
-                         "', which is not enabled; it will never be chosen");
+        } else {
+          warn_if_not_enabled(b, t_.preference_origin[k],
+                              where + " lists '" + std::string(backend_name(b)) + "'",
+                              "it will never be chosen");
         }
       }
     }
@@ -263,8 +304,18 @@ class Merger {
           return r.defined && r.algorithm == AlgorithmRule::kOneshotTable;
         });
     if ((uses_table || !t_.oneshot.empty()) && t_.oneshot_default_origin == kNoOrigin) {
-      const std::uint16_t at = !t_.oneshot.empty() ? t_.oneshot.front().origin : std::uint16_t{0};
-      if (t_.origins.empty()) return;
+      // Blame the first one-shot cell, else the backend that reads the table.
+      std::uint16_t at = kNoOrigin;
+      if (!t_.oneshot.empty()) {
+        at = t_.oneshot.front().origin;
+      } else {
+        for (const BackendRules& r : t_.backends) {
+          if (r.defined && r.algorithm == AlgorithmRule::kOneshotTable) {
+            at = r.origins[BackendRules::kAlgorithm];
+            break;
+          }
+        }
+      }
       error_at(at, "oneshot.default is not set",
                "write what a missing one-shot cell means: `default: oneshot` or "
                "`default: twoshot`");
@@ -294,12 +345,11 @@ class Merger {
         // Report at the cell written later (higher origin id).
         const Cell& later = a.origin > b.origin ? a : b;
         const Cell& earlier = a.origin > b.origin ? b : a;
-        const Origin& eo = t_.origins[earlier.origin];
         error_at(later.origin,
                  std::string(table) + " cell (" + later.key.to_string() +
                      ") = " + value_text(later) + " conflicts with the equally specific cell (" +
-                     earlier.key.to_string() + ") = " + value_text(earlier) + " at " + eo.file +
-                     ":" + std::to_string(eo.line) + "; a call can match both",
+                     earlier.key.to_string() + ") = " + value_text(earlier) + " at " +
+                     place(earlier.origin) + "; a call can match both",
                  "add a cell keyed by both to settle it, or give both the same max");
       }
     }
@@ -322,11 +372,10 @@ class Merger {
         }
       }
       if (covering && !covering->off && o.max_bytes > covering->max_bytes) {
-        const Origin& fo = t_.origins[covering->origin];
         warning_at(o.origin,
                    "one-shot cap " + format_size(o.max_bytes) + " for (" + o.key.to_string() +
                        ") is above the fusion cap " + format_size(covering->max_bytes) +
-                       " set at " + fo.file + ":" + std::to_string(fo.line),
+                       " set at " + place(covering->origin),
                    "messages above the fusion cap are never fused, so the one-shot cap "
                    "cannot apply there");
       }
@@ -369,6 +418,7 @@ class Merger {
  private:
   Tables& t_;
   std::vector<Diagnostic>& diagnostics_;
+  std::string top_file_ = "tables";  // the file of the last layer applied
   int errors_ = 0;
 };
 

@@ -213,14 +213,14 @@ const Origin& Policy::origin(std::uint16_t id) const { return impl_->tables.orig
 const std::vector<Diagnostic>& Policy::warnings() const { return impl_->warnings; }
 
 std::string Policy::origin_text(std::uint16_t id) const {
-  if (id == kNoOrigin || id >= impl_->tables.origins.size()) return "-";
-  const Origin& o = impl_->tables.origins[id];
-  std::string s = o.file;
-  if (o.line != 0) {
-    s += ":" + std::to_string(o.line);
-    if (o.column != 0) s += ":" + std::to_string(o.column);
+  const Origin* o = impl_->tables.find_origin(id);
+  if (!o) return "-";
+  std::string s = o->file;
+  if (o->line != 0) {
+    s += ":" + std::to_string(o->line);
+    if (o->column != 0) s += ":" + std::to_string(o->column);
   }
-  return s + " (" + std::string(layer_name(o.layer)) + ")";
+  return s + " (" + std::string(layer_name(o->layer)) + ")";
 }
 
 std::vector<Diagnostic> validate_file(const std::string& path, bool over_default) {

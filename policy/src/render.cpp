@@ -238,14 +238,13 @@ std::string Policy::decision_json(const Request& request, const Decision& decisi
     t.str("rule", rule_name(e.rule));
     if (e.backend != Backend::kNone) t.str("backend", backend_name(e.backend));
     t.str("text", entry_text(*this, request, e));
-    if (e.origin != kNoOrigin) {
-      const Origin& og = origin(e.origin);
+    if (const Origin* og = tables().find_origin(e.origin)) {
       std::string& oo = t.key("origin");
       JsonObject oj(oo);
-      oj.str("file", og.file);
-      oj.num("line", og.line);
-      oj.num("column", og.column);
-      oj.str("layer", layer_name(og.layer));
+      oj.str("file", og->file);
+      oj.num("line", og->line);
+      oj.num("column", og->column);
+      oj.str("layer", layer_name(og->layer));
       oj.close();
     } else {
       t.null("origin");

@@ -13,6 +13,10 @@ import arbiter
 KiB = 1 << 10
 MiB = 1 << 20
 
+DEFAULT_YAML = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "configs", "default.yaml"
+)
+
 # The default fusion caps (configs/default.yaml, vLLM at its ws=16 change),
 # single node: (capability, world size) -> cap.
 DEFAULT_FUSION_CAPS = {
@@ -212,6 +216,24 @@ def test_fingerprint_depends_on_the_tables_only(tmp_path, site_file, defaults):
     copy.write_text(site_file.read_text())
     assert arbiter.load([copy]).fingerprint == arbiter.load([site_file]).fingerprint
     assert arbiter.load([copy]).fingerprint != defaults.fingerprint
+
+
+def test_site_files_that_leave_settings_out_load_over_the_defaults(tmp_path, defaults):
+    # No `enabled:` and no fallback: the table that once crashed the loader.
+    five_lines = tmp_path / "t.yaml"
+    five_lines.write_text(
+        "format: 1\npreference:\n  single_node: [trtllm]\nbackends:\n  trtllm: {device: gpu}\n"
+    )
+    with arbiter.load([five_lines]) as policy:
+        d = policy.decide(capability=90, world_size=8, multicast=True, message_bytes=256 << 10)
+        assert (d.backend, d.fused) == ("trtllm", True)
+    # The default with `enabled:` deleted, as a site file, changes nothing.
+    no_enabled = tmp_path / "no-enabled.yaml"
+    with open(DEFAULT_YAML) as f:
+        text = f.read()
+    no_enabled.write_text("".join(l for l in text.splitlines(True) if not l.startswith("enabled:")))
+    with arbiter.load([no_enabled]) as policy:
+        assert policy.fingerprint == defaults.fingerprint
 
 
 def test_every_consumer_agrees_with_the_cli(site_file, monkeypatch, arbiter_bin):

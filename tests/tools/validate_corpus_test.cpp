@@ -341,6 +341,24 @@ BOOST_AUTO_TEST_CASE(default_table_is_valid_standalone) {
   }
 }
 
+// The five-line table that once crashed `validate --standalone` (no
+// `enabled:`, no fallback): rejected for the missing fallbacks, with a
+// warning at the preference list; over the default it is valid.
+BOOST_AUTO_TEST_CASE(a_table_without_enabled_or_fallback_is_rejected_not_a_crash) {
+  const std::string path = data_path("fuzz/policy_load/crash-preference-without-enabled.yaml");
+  const Run alone = validate("--standalone " + shell_quote(path));
+  BOOST_TEST_CONTEXT(alone.result.output) {
+    BOOST_TEST(alone.result.exit_code == kExitInvalid);
+    BOOST_TEST(alone.result.output.find(path + ": error: no fallback backend for gpu ranks") !=
+               std::string::npos);
+    BOOST_TEST(alone.result.output.find(path + ":3:16: warning: preference.single_node lists "
+                                               "'trtllm', which no layer enables") !=
+               std::string::npos);
+  }
+  const Run layered = validate(shell_quote(path));
+  BOOST_TEST(layered.result.exit_code == kExitOk, layered.result.output);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_CASE(oneshot_cap_above_fusion_cap_warns_but_passes) {

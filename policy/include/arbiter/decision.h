@@ -14,7 +14,6 @@
 namespace arbiter {
 
 inline constexpr std::uint64_t kNoCap = ~std::uint64_t{0};
-inline constexpr std::uint16_t kNoOrigin = 0xFFFF;
 
 // Why the decision came out as it did.
 enum class Reason : std::uint8_t {

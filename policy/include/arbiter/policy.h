@@ -106,6 +106,8 @@ class Policy {
   std::string fingerprint_hex() const;
 
   const Tables& tables() const;
+  // REQUIRES: id names an origin (throws std::out_of_range for kNoOrigin;
+  // tables().find_origin() answers nullptr instead).
   const Origin& origin(std::uint16_t id) const;
   // "default.yaml:40:5 (default)"; "-" for kNoOrigin.
   std::string origin_text(std::uint16_t id) const;

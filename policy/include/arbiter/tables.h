@@ -107,7 +107,7 @@ struct BackendRules {
   bool twoshot_needs_tokens_ge_world_size = false;
   std::array<std::uint16_t, kFieldCount> origins;  // kNoOrigin when unset
 
-  BackendRules() { origins.fill(0xFFFF); }
+  BackendRules() { origins.fill(kNoOrigin); }
 };
 
 // Topologies that own a preference list.
@@ -121,25 +121,32 @@ inline Topology topology_of(const Request& r) {
 
 struct Tables {
   std::vector<Origin> origins;  // indexed by every `origin` field below
+
+  // The origin `id` names, or nullptr for kNoOrigin (a setting no layer
+  // wrote: its default applies). Every reader of an origin id goes through
+  // here. Any other id past the end is a bug: checked builds abort on it,
+  // release builds answer nullptr.
+  const Origin* find_origin(std::uint16_t id) const;
+
   // Provenance of each layer, "file: text" lines in layer order.
   std::vector<std::string> provenance;
 
-  std::uint32_t enabled_mask = 0;  // bit (1 << Backend)
-  std::uint16_t enabled_origin = 0xFFFF;
+  std::uint32_t enabled_mask = 0;            // bit (1 << Backend)
+  std::uint16_t enabled_origin = kNoOrigin;  // kNoOrigin: no layer wrote `enabled:`
   // enabled_mask restricted by ARBITER_BACKENDS: what may be chosen.
   std::uint32_t allowed_mask = 0;
   std::optional<std::string> backends_env;
 
   std::array<Backend, kDeviceKindCount> fallback{Backend::kNone, Backend::kNone};
-  std::array<std::uint16_t, kDeviceKindCount> fallback_origin{0xFFFF, 0xFFFF};
+  std::array<std::uint16_t, kDeviceKindCount> fallback_origin{kNoOrigin, kNoOrigin};
   std::array<std::vector<Backend>, kTopologyCount> preference;
-  std::array<std::uint16_t, kTopologyCount> preference_origin{0xFFFF, 0xFFFF, 0xFFFF};
+  std::array<std::uint16_t, kTopologyCount> preference_origin{kNoOrigin, kNoOrigin, kNoOrigin};
   std::array<BackendRules, kBackendCount> backends;
 
   std::vector<Cell> fusion;   // sorted: capability, world size, specificity
   std::vector<Cell> oneshot;  // idem
   Algorithm oneshot_default = Algorithm::kOneshot;
-  std::uint16_t oneshot_default_origin = 0xFFFF;
+  std::uint16_t oneshot_default_origin = kNoOrigin;
 };
 
 }  // namespace arbiter

@@ -11,6 +11,10 @@
 
 namespace arbiter {
 
+// An index into Tables::origins that names no origin: the setting was never
+// written by any layer, or a trace step used no table cell.
+inline constexpr std::uint16_t kNoOrigin = 0xFFFF;
+
 enum class Dtype : std::uint8_t { kFp16 = 0, kBf16 = 1, kFp32 = 2 };
 inline constexpr int kDtypeCount = 3;
 

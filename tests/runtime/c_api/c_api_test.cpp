@@ -82,3 +82,25 @@ BOOST_AUTO_TEST_CASE(errors_come_back_as_codes_with_messages) {
   BOOST_TEST(arbiter_decide(nullptr, &r, &d) == ARBITER_INVALID_ARGUMENT);
   arbiter_policy_free(p);
 }
+
+// Tables that leave settings out (no `enabled:`, no fallback) load over the
+// defaults through C like any site file: a verdict, never a crash.
+BOOST_AUTO_TEST_CASE(site_files_that_leave_settings_out_load_over_the_defaults) {
+  const std::string five_lines =
+      std::string(ARBITER_TEST_DATA) + "/fuzz/policy_load/crash-preference-without-enabled.yaml";
+  const char* files[] = {five_lines.c_str()};
+  arbiter_policy* p = nullptr;
+  BOOST_REQUIRE_MESSAGE(arbiter_policy_load(files, 1, nullptr, &p) == ARBITER_OK,
+                        arbiter_last_error());
+  // preference.single_node: [trtllm] drops mnnvl; trtllm still fuses.
+  arbiter_request r = nvl72(256 << 10);
+  r.capability = 90;
+  r.world_size = 8;
+  r.nodes = 1;
+  r.multicast = 1;
+  arbiter_decision d{};
+  BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(std::string(arbiter_backend_name(d.backend)) == "trtllm");
+  BOOST_TEST(d.fused == 1u);
+  arbiter_policy_free(p);
+}
