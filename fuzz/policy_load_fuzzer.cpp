@@ -13,6 +13,12 @@
 //   decide()'s at both ends.
 // The requests come from the table's own cells (at their caps and one byte
 // above) plus invalid and odd ones.
+//
+// Speed: the first four checks run on every input; the costly cross-checks
+// (reload for determinism, rendering, exclusion, sweep) on one input in
+// ARBITER_FUZZ_DEEP_EVERY, picked by a hash of the whole input so a replay
+// takes the same path. The replay test in the normal build sets it to 1:
+// every seed and past crash gets every check.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,6 +35,18 @@ using namespace arbiter;
 constexpr std::size_t kMaxInput =
     64 * 1024;  // tables are small; larger inputs only slow the search
 constexpr std::size_t kMaxCells = 12;
+#ifndef ARBITER_FUZZ_DEEP_EVERY
+#define ARBITER_FUZZ_DEEP_EVERY 8
+#endif
+constexpr std::uint64_t kDeepEvery = ARBITER_FUZZ_DEEP_EVERY;
+
+// FNV-1a over every byte: inputs that share their first bytes (most tables
+// start alike) still spread over the sample.
+std::uint64_t hash_of(const std::uint8_t* data, std::size_t size) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (std::size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 1099511628211ull;
+  return h;
+}
 
 bool same(const Decision& a, const Decision& b) {
   return a.same_choice(b) && a.reason == b.reason && a.cap == b.cap;
@@ -102,7 +120,7 @@ void check_sweep(const Policy& policy, const Request& r, std::uint64_t from, std
   }
 }
 
-void check_policy(const Policy& policy, std::uint64_t mix) {
+void check_policy(const Policy& policy, std::uint64_t mix, bool deep) {
   const std::vector<Request> requests = requests_for(policy, mix);
   std::size_t rendered = 0;
   for (const Request& r : requests) {
@@ -116,12 +134,13 @@ void check_policy(const Policy& policy, std::uint64_t mix) {
       ARBITER_FUZZ_CHECK(r.message_bytes <= *cap, "fused above max_fused_bytes()");
       ARBITER_FUZZ_CHECK(fast.backend != Backend::kNone, "fused on no backend");
     }
-    // Rendering is slow next to deciding: a few requests per table.
-    if (rendered++ < 4 || (mix + rendered) % 32 == 0) {
+    // Rendering is slow next to deciding: a few requests per sampled table.
+    if (deep && (rendered++ < 4 || (mix + rendered) % 32 == 0)) {
       (void)policy.explain_text(r, slow);
       (void)policy.decision_json(r, slow);
     }
   }
+  if (!deep) return;
   // The first valid request: exclusion and sweep.
   for (const Request& r : requests) {
     if (policy.decide(r).reason == Reason::kInvalidRequest) continue;
@@ -143,6 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string text(reinterpret_cast<const char*>(data), size);
   std::uint64_t mix = 0;
   for (std::size_t i = 0; i < size && i < 16; ++i) mix = mix * 131 + data[i];
+  const bool deep = hash_of(data, size) % kDeepEvery == 0;
 
   for (const bool with_default : {false, true}) {
     LoadOptions options;
@@ -155,13 +175,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     ARBITER_FUZZ_CHECK(!has_errors(result.diagnostics), "a load with errors produced a policy");
-    if (!with_default) {
+    if (deep && !with_default) {
       const LoadResult again = Policy::load(options);
       ARBITER_FUZZ_CHECK(
           again.policy && again.policy->fingerprint() == result.policy->fingerprint(),
           "the same text loaded twice has two fingerprints");
     }
-    check_policy(*result.policy, mix);
+    check_policy(*result.policy, mix, deep);
   }
   return 0;
 }

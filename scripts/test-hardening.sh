@@ -20,7 +20,8 @@
 # build-hardening/fuzz/artifacts/ (fix it, then add it under
 # tests/data/fuzz/<target>/, where tests/fuzz replays it in every build).
 #
-# Environment: FUZZ_SECONDS (per target), HARDENING_STAGES (default
+# Environment: FUZZ_SECONDS (per target), FUZZ_BUILD_ONLY (build the fuzz
+# targets and stop; scripts/fuzz-long.sh), HARDENING_STAGES (default
 # "fuzz asan tsan"), HARDENING_JOBS (default: nproc), CC/CXX (default
 # clang/clang++).
 set -euo pipefail
@@ -102,6 +103,7 @@ if [[ " $stages " == *" fuzz "* ]]; then
       -DARBITER_BUILD_EXAMPLES=OFF &&
      build "$dir" "${targets[@]/#/arbiter_fuzz_}"; then
     note "fuzz build: $(($(now) - start)) s"
+    [ -n "${FUZZ_BUILD_ONLY:-}" ] && exit 0  # scripts/fuzz-long.sh runs the targets itself
     run_start=$(now)
     pids=()
     for t in "${targets[@]}"; do

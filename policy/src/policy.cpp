@@ -53,6 +53,32 @@ bool read_file(const std::string& path, std::string& out, std::vector<Diagnostic
   return true;
 }
 
+// The embedded default, parsed once per process: the text never changes,
+// and parsing it was most of the cost of every load.
+struct DefaultLayer {
+  bool ok = false;
+  detail::TableLayer layer;
+  std::vector<Diagnostic> diagnostics;  // none for a default that passed its tests
+};
+const DefaultLayer& default_layer() {
+  static const DefaultLayer parsed = [] {
+    DefaultLayer d;
+    d.ok = detail::parse_table(detail::default_yaml_bytes(), kDefaultName, Layer::kDefault, d.layer,
+                               d.diagnostics);
+    return d;
+  }();
+  return parsed;
+}
+
+// Appends the default layer to `layers`; false when it is unusable.
+bool add_default_layer(std::vector<detail::TableLayer>& layers,
+                       std::vector<Diagnostic>& diagnostics) {
+  const DefaultLayer& d = default_layer();
+  diagnostics.insert(diagnostics.end(), d.diagnostics.begin(), d.diagnostics.end());
+  if (d.ok) layers.push_back(d.layer);
+  return d.ok;
+}
+
 // Typed overrides become one more layer.
 detail::TableLayer layer_from_cells(const Overrides& o) {
   detail::TableLayer layer;
@@ -145,7 +171,7 @@ LoadResult Policy::load(const LoadOptions& options) {
       ok = false;
     }
   };
-  if (options.with_default) add(embedded_default_yaml(), kDefaultName, Layer::kDefault);
+  if (options.with_default && !add_default_layer(layers, result.diagnostics)) ok = false;
   for (const std::string& path : options.site_files) {
     std::string bytes;
     if (read_file(path, bytes, result.diagnostics)) {
@@ -232,11 +258,7 @@ std::vector<Diagnostic> validate_file(const std::string& path, bool over_default
     return diagnostics;
   }
   std::vector<detail::TableLayer> layers;
-  if (over_default) {
-    detail::TableLayer base;
-    detail::parse_table(embedded_default_yaml(), kDefaultName, Layer::kDefault, base, diagnostics);
-    layers.push_back(std::move(base));
-  }
+  if (over_default && !add_default_layer(layers, diagnostics)) return diagnostics;
   layers.push_back(std::move(layer));
   Tables merged;
   detail::merge_layers(layers, std::nullopt, merged, diagnostics);
