@@ -39,7 +39,12 @@ for t in "${targets[@]}"; do
   seeds=("$repo/fuzz/seeds/$t")
   [ -d "$repo/tests/data/fuzz/$t" ] && seeds+=("$repo/tests/data/fuzz/$t")
   max_len=4096
-  [ "$t" = policy_load ] && max_len=8192 && seeds+=("$repo/tests/data/good" "$repo/configs")
+  # The same seeds as scripts/test-hardening.sh's fuzz stage.
+  if [ "$t" = policy_load ]; then
+    max_len=8192
+    seeds+=("$repo/tests/data/good" "$repo/tests/data/warn" "$repo/tests/data/bad"
+            "$repo/configs" "$repo/tests/schema/cases/good" "$repo/tests/schema/cases/bad")
+  fi
   echo "fuzz-long: $t for $seconds s"
   rc=0
   timeout -k 10 $((seconds + 300)) "$bin" -max_total_time="$seconds" -timeout=10 \
