@@ -140,7 +140,17 @@ typedef struct arbiter_workspace arbiter_workspace; /* opaque, module-owned */
  * residual_in and gamma for the norm patterns; norm_out for
  * residual_rmsnorm; quant_out and scale for the quantising patterns
  * (scale_out too for NVFP4). Everything else may be NULL and is then not
- * written. */
+ * written. The norm patterns need eps finite and >= 0, weight_bias finite,
+ * scale aligned to a float.
+ *
+ * Aliasing. In place: allreduce_out, residual_out and norm_out may each be
+ * exactly `input` or exactly `residual_in` (the same pointer); the result is
+ * the one separate buffers would get (e.g. vLLM's norm_out = input,
+ * residual_out = residual_in). Any other overlap is refused with
+ * ARBITER_INVALID_ARGUMENT before anything is written: a partial overlap,
+ * two outputs sharing memory, an output over gamma or scale, quant_out or
+ * scale_out over any other buffer. Inputs may overlap one another. Only
+ * the buffers the pattern uses count. Every module honours this alike. */
 typedef struct arbiter_allreduce_args {
   arbiter_pattern pattern;
   arbiter_dtype dtype;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "algorithms.h"
+#include "arbiter/common/call_checks.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter_backend.h"
 #include "status.h"
@@ -109,6 +110,9 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
               "shm run: an output, residual or gamma buffer is not "
               "aligned to its element size"};
     }
+  }
+  for (const Status& status : {common::check_aliasing(a), common::check_call_values(a)}) {
+    if (!status.ok()) return {status.code(), "shm run: " + status.message()};
   }
   return {};
 }

@@ -24,7 +24,12 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   Status status = workspace.barrier(backoff, "native barrier 1 (inputs copied)");
   if (!status.ok()) return status;
 
-  void* sums = args.allreduce_out;
+  // The sums go straight to allreduce_out unless that is residual_in (in
+  // place, aliasing.h): the epilogue still has to read the residual there.
+  const bool sum_in_place =
+      args.allreduce_out != nullptr &&
+      !(common::pattern_has_norm(args.pattern) && args.allreduce_out == args.residual_in);
+  void* sums = sum_in_place ? args.allreduce_out : nullptr;
   if (sums == nullptr) {
     if (workspace.sum_buffer.size() < bytes) workspace.sum_buffer.resize(bytes);
     sums = workspace.sum_buffer.data();
@@ -36,7 +41,7 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   if (!common::pattern_has_norm(args.pattern)) return {};
 
   arbiter_allreduce_args norm_args = args;
-  norm_args.allreduce_out = nullptr;  // already written above
+  if (sum_in_place) norm_args.allreduce_out = nullptr;  // already written above
   if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
   float* row = workspace.accumulator.data();
   for (std::uint32_t token = 0; token < args.tokens; ++token) {

@@ -10,6 +10,7 @@ if(TARGET Boost::unit_test_framework AND COMMAND arbiter_add_test)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/mnnvl_host_test.cpp
     LIBS arbiter::mnnvl_host
     LABELS cpu)
+  target_include_directories(backends_mnnvl_host_test PRIVATE ${CMAKE_CURRENT_LIST_DIR}/support)
   # The POSIX-descriptor exchange (abstract Unix sockets, SCM_RIGHTS) on pipes.
   arbiter_add_test(backends_mnnvl_fd_exchange_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/mnnvl/fd_exchange_test.cpp

@@ -18,6 +18,7 @@
 #include "arbiter/common/stages.h"
 #include "arbiter/mnnvl/guards.h"
 #include "arbiter/mnnvl/workspace_layout.h"
+#include "guard_args.h"
 
 using namespace arbiter::mnnvl;
 using arbiter::common::dtype_size;
@@ -43,29 +44,10 @@ WorkspaceLayout layout_or_fail(int ws, std::uint64_t max_bytes, arbiter_dtype dt
   return r.value();
 }
 
-alignas(16) unsigned char g_buffer[7][64];
-
-// A valid residual_rmsnorm call with 16-byte-aligned (never dereferenced) buffers.
+// A valid residual_rmsnorm call (support/guard_args.h).
 arbiter_allreduce_args valid_args(std::uint32_t tokens, std::uint32_t hidden, arbiter_dtype dtype,
                                   arbiter_algorithm algorithm = ARBITER_ALGORITHM_ONESHOT) {
-  static const float scale = 1.0f;
-  arbiter_allreduce_args a{};
-  a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
-  a.dtype = dtype;
-  a.algorithm = algorithm;
-  a.tokens = tokens;
-  a.hidden = hidden;
-  a.input = g_buffer[0];
-  a.allreduce_out = g_buffer[1];
-  a.residual_in = g_buffer[2];
-  a.residual_out = g_buffer[3];
-  a.gamma = g_buffer[4];
-  a.norm_out = g_buffer[5];
-  a.quant_out = g_buffer[6];
-  a.scale_out = g_buffer[6];
-  a.scale = &scale;
-  a.eps = 1e-6f;
-  return a;
+  return arbiter::test::valid_guard_args(tokens, hidden, dtype, algorithm);
 }
 
 void check_refused(const Status& s, arbiter_status code, const std::string& words) {
@@ -572,7 +554,7 @@ BOOST_AUTO_TEST_CASE(required_pointers_are_checked_per_pattern) {
   a.norm_out = nullptr;
   BOOST_TEST(check_call(l, &a, 100).ok());
   a.pattern = ARBITER_PATTERN_ALLREDUCE;
-  a.allreduce_out = g_buffer[1];
+  a.allreduce_out = arbiter::test::guard_buffer(1);
   a.residual_in = nullptr;
   a.gamma = nullptr;
   a.quant_out = nullptr;
@@ -587,12 +569,16 @@ BOOST_AUTO_TEST_CASE(vector_buffers_must_be_16_byte_aligned) {
     const char* name;
     void (*misalign)(arbiter_allreduce_args&);
   } cases[] = {
-      {"input", [](arbiter_allreduce_args& a) { a.input = g_buffer[0] + 8; }},
-      {"allreduce_out", [](arbiter_allreduce_args& a) { a.allreduce_out = g_buffer[1] + 8; }},
-      {"residual_in", [](arbiter_allreduce_args& a) { a.residual_in = g_buffer[2] + 8; }},
-      {"residual_out", [](arbiter_allreduce_args& a) { a.residual_out = g_buffer[3] + 8; }},
-      {"gamma", [](arbiter_allreduce_args& a) { a.gamma = g_buffer[4] + 8; }},
-      {"norm_out", [](arbiter_allreduce_args& a) { a.norm_out = g_buffer[5] + 8; }},
+      {"input", [](arbiter_allreduce_args& a) { a.input = arbiter::test::guard_buffer(0) + 8; }},
+      {"allreduce_out",
+       [](arbiter_allreduce_args& a) { a.allreduce_out = arbiter::test::guard_buffer(1) + 8; }},
+      {"residual_in",
+       [](arbiter_allreduce_args& a) { a.residual_in = arbiter::test::guard_buffer(2) + 8; }},
+      {"residual_out",
+       [](arbiter_allreduce_args& a) { a.residual_out = arbiter::test::guard_buffer(3) + 8; }},
+      {"gamma", [](arbiter_allreduce_args& a) { a.gamma = arbiter::test::guard_buffer(4) + 8; }},
+      {"norm_out",
+       [](arbiter_allreduce_args& a) { a.norm_out = arbiter::test::guard_buffer(5) + 8; }},
   };
   for (const auto& c : cases) {
     arbiter_allreduce_args a = valid_args(16, 1024, ARBITER_DTYPE_BF16);
@@ -608,14 +594,14 @@ BOOST_AUTO_TEST_CASE(quant_out_alignment_follows_what_a_thread_stores) {
   const WorkspaceLayout l = layout_or_fail(4, kMiB, ARBITER_DTYPE_BF16);
   arbiter_allreduce_args a = valid_args(16, 1024, ARBITER_DTYPE_BF16);
   a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
-  a.quant_out = g_buffer[6] + 8;
+  a.quant_out = arbiter::test::guard_buffer(6) + 8;
   BOOST_TEST(check_call(l, &a, 100).ok());
-  a.quant_out = g_buffer[6] + 4;
+  a.quant_out = arbiter::test::guard_buffer(6) + 4;
   check_refused(check_call(l, &a, 100), ARBITER_INVALID_ARGUMENT,
                 "quant_out is not 8-byte aligned");
   a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
   BOOST_TEST(check_call(l, &a, 100).ok());
-  a.quant_out = g_buffer[6] + 2;
+  a.quant_out = arbiter::test::guard_buffer(6) + 2;
   check_refused(check_call(l, &a, 100), ARBITER_INVALID_ARGUMENT,
                 "quant_out is not 4-byte aligned");
   // Patterns that do not quantise ignore quant_out.
@@ -625,9 +611,20 @@ BOOST_AUTO_TEST_CASE(quant_out_alignment_follows_what_a_thread_stores) {
   const WorkspaceLayout f = layout_or_fail(4, kMiB, ARBITER_DTYPE_FP32);
   arbiter_allreduce_args b = valid_args(16, 1024, ARBITER_DTYPE_FP32);
   b.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
-  b.quant_out = g_buffer[6] + 4;
+  b.quant_out = arbiter::test::guard_buffer(6) + 4;
   BOOST_TEST(check_call(f, &b, 100).ok());
-  b.quant_out = g_buffer[6] + 2;
+  b.quant_out = arbiter::test::guard_buffer(6) + 2;
   check_refused(check_call(f, &b, 100), ARBITER_INVALID_ARGUMENT,
                 "quant_out is not 4-byte aligned");
+}
+
+// aliasing.h and check_call_values (backends_call_checks_test) run in the
+// guards: a call that breaks them never reaches a kernel.
+BOOST_AUTO_TEST_CASE(aliasing_and_the_norm_scalars_are_checked_before_launch) {
+  const WorkspaceLayout l = layout_or_fail(4, kMiB, ARBITER_DTYPE_BF16);
+  const arbiter_allreduce_args in_place = arbiter::test::in_place_guard_args(16, 1024);
+  BOOST_TEST(check_call(l, &in_place, 90).ok());
+  for (const arbiter::test::RefusedCall& c : arbiter::test::call_check_breaches(16, 1024)) {
+    check_refused(check_call(l, &c.args, 90), ARBITER_INVALID_ARGUMENT, c.words);
+  }
 }

@@ -10,6 +10,7 @@ if(TARGET Boost::unit_test_framework AND COMMAND arbiter_add_test)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/trtllm_host_test.cpp
     LIBS arbiter::trtllm_host
     LABELS cpu)
+  target_include_directories(backends_trtllm_host_test PRIVATE ${CMAKE_CURRENT_LIST_DIR}/support)
 endif()
 
 if(TARGET arbiter-trtllm)

@@ -13,6 +13,7 @@
 #include "arbiter/trtllm/guards.h"
 #include "arbiter/trtllm/launch_config.h"
 #include "arbiter/trtllm/workspace_layout.h"
+#include "guard_args.h"
 
 using namespace arbiter::trtllm;
 using arbiter::common::dtype_size;
@@ -66,29 +67,10 @@ LaunchRequest request(std::uint32_t tokens, std::uint32_t hidden, arbiter_dtype 
   return r;
 }
 
-alignas(16) unsigned char g_buffer[7][64];
-
-// A valid residual_rmsnorm call with 16-byte-aligned (never dereferenced) buffers.
+// A valid residual_rmsnorm call (support/guard_args.h).
 arbiter_allreduce_args valid_args(std::uint32_t tokens, std::uint32_t hidden, arbiter_dtype dtype,
                                   arbiter_algorithm algorithm = ARBITER_ALGORITHM_ONESHOT) {
-  static const float scale = 1.0f;
-  arbiter_allreduce_args a{};
-  a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
-  a.dtype = dtype;
-  a.algorithm = algorithm;
-  a.tokens = tokens;
-  a.hidden = hidden;
-  a.input = g_buffer[0];
-  a.allreduce_out = g_buffer[1];
-  a.residual_in = g_buffer[2];
-  a.residual_out = g_buffer[3];
-  a.gamma = g_buffer[4];
-  a.norm_out = g_buffer[5];
-  a.quant_out = g_buffer[6];
-  a.scale_out = g_buffer[6];
-  a.scale = &scale;
-  a.eps = 1e-6f;
-  return a;
+  return arbiter::test::valid_guard_args(tokens, hidden, dtype, algorithm);
 }
 
 void check_refused(const Status& s, arbiter_status code, const std::string& words) {
@@ -572,7 +554,18 @@ BOOST_AUTO_TEST_CASE(required_pointers_are_checked_per_pattern) {
 BOOST_AUTO_TEST_CASE(vector_buffers_must_be_16_byte_aligned) {
   const WorkspaceLayout l = layout_or_fail(4, kMiB, ARBITER_DTYPE_BF16);
   arbiter_allreduce_args a = valid_args(16, 1024, ARBITER_DTYPE_BF16);
-  a.residual_in = g_buffer[2] + 8;
+  a.residual_in = arbiter::test::guard_buffer(2) + 8;
   check_refused(check_call(l, &a, 90), ARBITER_INVALID_ARGUMENT,
                 "residual_in is not 16-byte aligned");
+}
+
+// aliasing.h and check_call_values (backends_call_checks_test) run in the
+// guards: a call that breaks them never reaches a kernel.
+BOOST_AUTO_TEST_CASE(aliasing_and_the_norm_scalars_are_checked_before_launch) {
+  const WorkspaceLayout l = layout_or_fail(4, kMiB, ARBITER_DTYPE_BF16);
+  const arbiter_allreduce_args in_place = arbiter::test::in_place_guard_args(16, 1024);
+  BOOST_TEST(check_call(l, &in_place, 90).ok());
+  for (const arbiter::test::RefusedCall& c : arbiter::test::call_check_breaches(16, 1024)) {
+    check_refused(check_call(l, &c.args, 90), ARBITER_INVALID_ARGUMENT, c.words);
+  }
 }

@@ -7,7 +7,8 @@
 // and sums its squares in fp32; pass 2 re-reads the stored x (the same
 // thread's own stores, so no barrier is needed) and writes the outputs.
 // Reading and then writing the same element from the same thread makes
-// sum == residual_out and residual_in == residual_out safe.
+// sum == residual_out and residual_in == residual_out (or allreduce_out, or
+// norm_out) safe.
 #pragma once
 
 #include <cstddef>
@@ -97,11 +98,14 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
     const Vec* sum = static_cast<const Vec*>(p.sum) + row;
     const Vec* residual_in = static_cast<const Vec*>(p.residual_in) + row;
     Vec* residual_out = static_cast<Vec*>(p.residual_out) + row;
+    Vec* allreduce_out =
+        p.allreduce_out == nullptr ? nullptr : static_cast<Vec*>(p.allreduce_out) + row;
 
     float squares = 0.0f;
     for (std::uint32_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const Vec s = sum[i];
       const Vec r = residual_in[i];
+      if (allreduce_out != nullptr) allreduce_out[i] = s;
       Vec x;
 #pragma unroll
       for (int k = 0; k < kPack; ++k) {

@@ -19,9 +19,9 @@ bool aligned(const void* p, std::uintptr_t bytes) {
 // (quant_out on the pack's width in bytes).
 bool fits_16_byte_packs(const EpilogueParams& p, std::uint32_t element_bytes) {
   const std::uint32_t pack = 16 / element_bytes;
-  return p.hidden % pack == 0 && aligned(p.sum, 16) && aligned(p.residual_in, 16) &&
-         aligned(p.residual_out, 16) && aligned(p.gamma, 16) && aligned(p.norm_out, 16) &&
-         aligned(p.fp8 ? p.quant_out : nullptr, pack);
+  return p.hidden % pack == 0 && aligned(p.sum, 16) && aligned(p.allreduce_out, 16) &&
+         aligned(p.residual_in, 16) && aligned(p.residual_out, 16) && aligned(p.gamma, 16) &&
+         aligned(p.norm_out, 16) && aligned(p.fp8 ? p.quant_out : nullptr, pack);
 }
 
 template <arbiter_dtype kDtype, int kPack, bool kFp8>

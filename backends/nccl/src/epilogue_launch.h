@@ -16,10 +16,11 @@ namespace arbiter::nccl {
 // tokens x hidden elements of dtype unless noted.
 struct EpilogueParams {
   arbiter_dtype dtype = ARBITER_DTYPE_BF16;
-  bool fp8 = false;           // write quant_out = e4m3(y / *scale), saturating
-  std::uint32_t tokens = 0;   // > 0
-  std::uint32_t hidden = 0;   // > 0
-  const void* sum = nullptr;  // the all-reduced input; may equal residual_out
+  bool fp8 = false;               // write quant_out = e4m3(y / *scale), saturating
+  std::uint32_t tokens = 0;       // > 0
+  std::uint32_t hidden = 0;       // > 0
+  const void* sum = nullptr;      // the all-reduced input; may equal residual_out
+  void* allreduce_out = nullptr;  // optional: a copy of sum; may equal residual_in
   const void* residual_in = nullptr;
   void* residual_out = nullptr;  // sum + residual_in (rounded to dtype); may equal residual_in
   const void* gamma = nullptr;   // hidden elements

@@ -38,7 +38,9 @@
 #include <utility>
 #include <vector>
 
+#include "arbiter/common/aliasing.h"
 #include "arbiter/common/arch_coverage.h"
+#include "arbiter/common/call_checks.h"
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
 #include "arbiter_backend.h"
@@ -55,7 +57,7 @@ struct arbiter_workspace {
   uint32_t device_patterns = 0;
   int64_t timeout_ms = 0;
   // Destination of the sum when neither allreduce_out nor residual_out can
-  // take it (residual_out aliases residual_in); messages larger than it run
+  // take it (both are residual_in, or absent); messages larger than it run
   // in chunks of whole tokens, on every rank alike.
   void* scratch = nullptr;
   uint64_t scratch_bytes = 0;
@@ -187,12 +189,6 @@ uint64_t scratch_bytes_for(const arbiter_workspace_spec& spec) {
   uint64_t want = std::max<uint64_t>(spec.max_message_bytes, declared);
   want = std::clamp(want, kMinScratchBytes, kMaxScratchBytes);
   return (want + 255) & ~uint64_t{255};
-}
-
-bool overlaps(const void* a, const void* b, uint64_t bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a);
-  const auto y = reinterpret_cast<uintptr_t>(b);
-  return x < y + bytes && y < x + bytes;
 }
 
 #ifndef ARBITER_NCCL_KERNEL_ARCHS
@@ -528,7 +524,7 @@ Status check_args(const arbiter_workspace& ws, const arbiter_allreduce_args& a) 
   if (a.input == nullptr) return null("input");
   if (p == ARBITER_PATTERN_ALLREDUCE) {
     if (a.allreduce_out == nullptr) return null("allreduce_out");
-    return {};
+    return from_common(arbiter::common::check_aliasing(a));
   }
   if (a.residual_in == nullptr) return null("residual_in");
   if (a.residual_out == nullptr) return null("residual_out");
@@ -549,16 +545,8 @@ Status check_args(const arbiter_workspace& ws, const arbiter_allreduce_args& a) 
       return error(ARBITER_INVALID_ARGUMENT, "a buffer is not aligned to its element size");
     }
   }
-  if (reinterpret_cast<uintptr_t>(a.scale) % alignof(float) != 0) {
-    return error(ARBITER_INVALID_ARGUMENT, "scale is not aligned to a float");
-  }
-  if (!(std::isfinite(a.eps) && a.eps >= 0.0f)) {
-    return error(ARBITER_INVALID_ARGUMENT, "eps must be finite and >= 0");
-  }
-  if (!std::isfinite(a.weight_bias)) {
-    return error(ARBITER_INVALID_ARGUMENT, "weight_bias must be finite");
-  }
-  return {};
+  if (Status s = from_common(arbiter::common::check_aliasing(a)); !s.ok()) return s;
+  return from_common(arbiter::common::check_call_values(a));
 }
 
 // One ncclAllReduce, waited out when NCCL says it is still being enqueued.
@@ -605,13 +593,11 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     return report(
         all_reduce(*ws, a.input, a.allreduce_out, uint64_t{a.tokens} * a.hidden, a.dtype, stream));
   }
-  if (a.allreduce_out != nullptr && overlaps(a.allreduce_out, a.residual_in, total_bytes)) {
-    return report(error(ARBITER_INVALID_ARGUMENT, "allreduce_out overlaps residual_in"));
-  }
-
-  // Where the sum lands: allreduce_out when asked for, else residual_out
+  // Where the sum lands: allreduce_out when asked for, unless it is
+  // residual_in (in place, aliasing.h: the epilogue must still read the
+  // residual there, and then writes allreduce_out itself); else residual_out
   // (the epilogue then updates it in place), else the scratch when
-  // residual_out aliases residual_in. The choice is local; the chunk plan
+  // residual_out is residual_in too. The choice is local; the chunk plan
   // below depends only on values every rank shares.
   const uint64_t chunk_tokens = ws->scratch_bytes / row_bytes;
   if (chunk_tokens == 0) {
@@ -620,10 +606,11 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
                                                  std::to_string(ws->scratch_bytes) + " bytes)"));
   }
   enum class Dest { kAllreduceOut, kResidualOut, kScratch };
+  const bool allreduce_out_is_residual = a.allreduce_out == a.residual_in;
   Dest dest = Dest::kScratch;
-  if (a.allreduce_out != nullptr) {
+  if (a.allreduce_out != nullptr && !allreduce_out_is_residual) {
     dest = Dest::kAllreduceOut;
-  } else if (!overlaps(a.residual_out, a.residual_in, total_bytes)) {
+  } else if (a.residual_out != a.residual_in) {
     dest = Dest::kResidualOut;
   }
   auto at = [](const void* p, uint64_t offset) -> char* {
@@ -648,6 +635,7 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     if (!s.ok()) return report(s);
     e.tokens = static_cast<uint32_t>(n);
     e.sum = sum;
+    e.allreduce_out = dest == Dest::kAllreduceOut ? nullptr : at(a.allreduce_out, off);
     e.residual_in = at(a.residual_in, off);
     e.residual_out = at(a.residual_out, off);
     e.norm_out = at(a.norm_out, off);

@@ -92,7 +92,9 @@ typedef struct arbiter_comm_options {
 int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy,
                             const arbiter_comm_options* options, arbiter_comm** out);
 /* One fused all-reduce, decided by the policy; args->algorithm is ignored.
- * `used` (optional) gets the decision that ran. */
+ * `used` (optional) gets the decision that ran. The buffers follow the
+ * backend ABI's rules (arbiter_backend.h), in-place use included: an output
+ * may be exactly input or residual_in; other overlaps are refused. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
 /* Collective. */

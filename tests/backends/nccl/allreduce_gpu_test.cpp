@@ -23,6 +23,7 @@
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/reference.h"
 #include "arbiter_backend.h"
+#include "in_place_layouts.h"
 #include "module.h"
 #include "thread_oob.h"
 
@@ -82,6 +83,9 @@ struct Case {
   bool pdl = false;
   bool misaligned = false;  // every buffer one element off 16 bytes
   bool capture = false;     // inside CUDA-graph capture, replayed twice (so never in-place)
+  // Outputs over input and residual_in as this layout says (overrides
+  // allreduce_out, in_place_residual and norm_out; never with capture).
+  const arbiter::test::InPlaceLayout* layout = nullptr;
 
   std::string name() const {
     std::ostringstream s;
@@ -89,6 +93,9 @@ struct Case {
       << (weight_bias != 0.0f ? " gemma" : "") << (allreduce_out ? " +allreduce_out" : "")
       << (in_place_residual ? " in-place" : "") << (norm_out ? "" : " no-norm_out")
       << (pdl ? " pdl" : "") << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
+    if (layout != nullptr) {
+      s << " in-place layout " << (layout - arbiter::test::kInPlaceLayouts);
+    }
     return s.str();
   }
   std::size_t elements() const { return std::size_t{tokens} * hidden; }
@@ -224,6 +231,16 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
     if (fp8) {
       a.quant_out = quant.get();
       a.scale = static_cast<const float*>(scale.get());
+    }
+  }
+  if (c.layout != nullptr) {
+    using arbiter::test::place_output;
+    const arbiter::test::InPlaceLayout& l = *c.layout;
+    a.allreduce_out = place_output(l.allreduce_out, sum.get(), input.get(), residual.get());
+    if (norm) {
+      a.residual_out =
+          place_output(l.residual_out, residual_out.get(), input.get(), residual.get());
+      a.norm_out = place_output(l.norm_out, norm_out.get(), input.get(), residual.get());
     }
   }
   cudaStream_t stream = nullptr;
@@ -433,6 +450,31 @@ BOOST_AUTO_TEST_CASE(messages_beyond_the_scratch_run_in_chunks, *utf::preconditi
   cases[1].pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
   cases[1].in_place_residual = true;
   cases[2].allreduce_out = true;
+  const std::vector<HostData> data = data_for(cases, 1);
+  check_ranks(run_ranks({0}, {spec_for(0, 1, 0)}, cases, data), cases, data);
+}
+
+// The aliasing contract (arbiter_backend.h): outputs over input or
+// residual_in give the reference's results, in every dtype, also when the
+// message runs in chunks (34 MB fp32, above the 16 MiB scratch).
+BOOST_AUTO_TEST_CASE(in_place_calls_match_the_reference, *utf::precondition(NeedsGpus{1})) {
+  std::vector<Case> cases;
+  for (const arbiter::test::InPlaceLayout& layout : arbiter::test::kInPlaceLayouts) {
+    for (arbiter_dtype dtype : {ARBITER_DTYPE_FP16, ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP32}) {
+      for (std::uint32_t tokens : {33u, 2100u}) {
+        if (tokens == 2100 && dtype != ARBITER_DTYPE_FP32) continue;
+        Case c;
+        c.layout = &layout;
+        c.pattern = layout.pattern;
+        c.dtype = dtype;
+        c.tokens = tokens;
+        c.hidden = tokens == 2100 ? 4096 : 2880;
+        c.allreduce_out = layout.allreduce_out != arbiter::test::Place::kNone;
+        c.norm_out = layout.norm_out != arbiter::test::Place::kNone;
+        cases.push_back(c);
+      }
+    }
+  }
   const std::vector<HostData> data = data_for(cases, 1);
   check_ranks(run_ranks({0}, {spec_for(0, 1, 0)}, cases, data), cases, data);
 }

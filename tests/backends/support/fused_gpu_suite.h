@@ -17,6 +17,8 @@
 //    refuses more;
 //  - inputs that look like the Lamport sentinel (-0.0) or that flush-to-zero
 //    would turn into it (negative subnormals) finish and sum correctly;
+//  - in-place calls (outputs over input or residual_in, in_place_layouts.h)
+//    give the bits of separate buffers, and a partial overlap is refused;
 //  - 10,000 back-to-back calls and CUDA-graph replays (inputs changed
 //    between replays) keep producing the right bits.
 // Every wait has a deadline: a hung kernel cannot be recovered, so the test
@@ -47,6 +49,7 @@
 #include "fused_reference.h"
 #include "gpu_check.h"
 #include "graph_capture.h"
+#include "in_place_layouts.h"
 #include "loopback_group.h"
 #include "module.h"
 #include "parallel_for.h"
@@ -132,7 +135,8 @@ inline constexpr int kGraphInputSets = 4;
 struct RankBuffers {
   DeviceBuffer input;  // max_tokens x max_hidden: the sweep's inputs
   DeviceBuffer allreduce_out, residual_out, norm_out, quant_out, scale_out;
-  DeviceBuffer side_input;  // side_tokens x max_hidden: back-to-back, graph and salted cases
+  DeviceBuffer side_input;     // side_tokens x max_hidden: back-to-back, graph, salted, in-place
+  DeviceBuffer side_residual;  // side_tokens x max_hidden: the rank's own residual, in-place cases
 };
 
 struct SharedBuffers {  // read by every rank
@@ -189,6 +193,7 @@ class GroupRunner {
     back_to_back();
     graph_replays();
     salted();
+    in_place();
     oversized();
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -252,8 +257,9 @@ class GroupRunner {
       b.quant_out = DeviceBuffer(elements);
       b.scale_out = DeviceBuffer(scales);
       b.side_input = DeviceBuffer(side);
+      b.side_residual = DeviceBuffer(side);
       for (const DeviceBuffer* d : {&b.input, &b.allreduce_out, &b.residual_out, &b.norm_out,
-                                    &b.quant_out, &b.scale_out, &b.side_input}) {
+                                    &b.quant_out, &b.scale_out, &b.side_input, &b.side_residual}) {
         ok = ok && d->get() != nullptr;
       }
       ranks_.push_back(std::move(b));
@@ -656,6 +662,98 @@ class GroupRunner {
           run_variants(c, side_inputs(), !suite_.zero_sign_exact, weight_bias == 0.0f ? 0 : 1),
           view);
     }
+  }
+
+  // The aliasing contract (arbiter_backend.h): outputs written over the
+  // call's input or residual_in give the bits of separate buffers, and a
+  // partial overlap is refused before launch. Each rank's input and residual
+  // are first copied into its side buffers, which the call then overwrites.
+  void in_place() {
+    Call c = base_call();
+    c.tokens = suite_.salted.tokens;
+    c.hidden = suite_.salted.hidden;
+    c.inputs = "in-place";
+    for (const InPlaceLayout& layout : kInPlaceLayouts) {
+      c.variant = Variant{layout.pattern, layout.norm_out != Place::kNone, false};
+      c.allreduce_out = layout.allreduce_out != Place::kNone;
+      c.residual_out = layout.residual_out != Place::kNone;
+      for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
+        c.algorithm = algorithm;
+        const std::optional<HostOutputs> want = execute(c, sweep_inputs());
+        if (!want) continue;
+        const std::string name = c.name() + " in place (" + place_names(layout) + ")";
+        std::vector<arbiter_allreduce_args> args = group_args(c, sweep_inputs());
+        cudaError_t e = cudaSuccess;
+        for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
+          RankBuffers& b = ranks_[r];
+          // The separate-buffer call left its results in the own buffers.
+          e = clear_outputs(args[r], c, group_.stream(r));
+          if (e == cudaSuccess) {
+            e = cudaMemcpyAsync(b.side_input.get(), b.input.get(), c.bytes(),
+                                cudaMemcpyDeviceToDevice, group_.stream(r));
+          }
+          if (e == cudaSuccess) {
+            e = cudaMemcpyAsync(b.side_residual.get(), shared_.residual.get(), c.bytes(),
+                                cudaMemcpyDeviceToDevice, group_.stream(r));
+          }
+          arbiter_allreduce_args& a = args[r];
+          a.input = b.side_input.get();
+          if (c.norm()) a.residual_in = b.side_residual.get();
+          a.allreduce_out = place_output(layout.allreduce_out, b.allreduce_out.get(),
+                                         b.side_input.get(), b.side_residual.get());
+          a.residual_out = place_output(layout.residual_out, b.residual_out.get(),
+                                        b.side_input.get(), b.side_residual.get());
+          a.norm_out = place_output(layout.norm_out, b.norm_out.get(), b.side_input.get(),
+                                    b.side_residual.get());
+        }
+        if (!ARBITER_CHECK(e == cudaSuccess, name, "copy: " << cudaGetErrorString(e))) return;
+        watchdog_.arm(name, seconds(120));
+        std::string error;
+        const std::int32_t status = group_.run(args, &error);
+        ++stats_.calls;
+        exit_if_hung(name, error);
+        ARBITER_CHECK(status == ARBITER_OK, name, "run: status " << status << ": " << error);
+        if (status == ARBITER_OK) wait_or_exit(name, kCallLimit);
+        watchdog_.disarm();
+        if (status != ARBITER_OK) continue;
+        ++stats_.ran;
+        parallel_for(static_cast<std::size_t>(world_size()), [&](std::size_t r) {
+          compare_device_outputs(args[r], c, *want, staging(static_cast<int>(r)),
+                                 name + ", rank " + std::to_string(r) + " vs separate buffers");
+        });
+      }
+    }
+    // norm_out 16 bytes into input: every rank refuses, nothing is enqueued.
+    c.variant = kResidualRmsnorm;
+    c.algorithm = ARBITER_ALGORITHM_ONESHOT;
+    std::vector<arbiter_allreduce_args> args = group_args(c, sweep_inputs());
+    for (arbiter_allreduce_args& a : args) {
+      a.norm_out = const_cast<char*>(static_cast<const char*>(a.input)) + 16;
+    }
+    const std::string name = c.name() + " with norm_out 16 bytes into input";
+    std::string error;
+    const std::int32_t status = group_.run(args, &error);
+    ++stats_.calls;
+    exit_if_hung(name, error);
+    if (ARBITER_CHECK(status == ARBITER_INVALID_ARGUMENT &&
+                          error.find("norm_out overlaps input") != std::string::npos,
+                      name,
+                      "expected ARBITER_INVALID_ARGUMENT (\"norm_out overlaps input\"), got "
+                          << status << ": " << error)) {
+      ++stats_.refused;
+    }
+  }
+
+  static std::string place_names(const InPlaceLayout& layout) {
+    const auto where = [](Place p) {
+      return p == Place::kNone    ? "none"
+             : p == Place::kOwn   ? "own"
+             : p == Place::kInput ? "input"
+                                  : "residual_in";
+    };
+    return std::string("allreduce_out: ") + where(layout.allreduce_out) +
+           ", residual_out: " + where(layout.residual_out) +
+           ", norm_out: " + where(layout.norm_out);
   }
 
   const FusedSuite& suite_;

@@ -1,6 +1,7 @@
-// Host-side admission of one run() call, the part every fused GPU backend
-// shares: the call's kind (pattern, algorithm, dtype), NVFP4's requirements
-// and the caller's buffers (required pointers per pattern, alignment). A
+// Host-side admission of one run() call, the part every GPU backend shares:
+// the call's kind (pattern, algorithm, dtype), NVFP4's requirements, the
+// caller's buffers (required pointers per pattern, alignment, aliasing) and
+// the scalars the epilogue reads (eps, weight_bias). A
 // backend's guards add what depends on its workspace: world size, the
 // workspace's dtype, per-call capacity. A refused call changes nothing.
 //
@@ -8,11 +9,13 @@
 // it). Host only.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
 
+#include "arbiter/common/aliasing.h"
 #include "arbiter/common/launch_config.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/status.h"
@@ -95,9 +98,31 @@ inline Status check_nvfp4(const arbiter_allreduce_args& a, std::uint32_t capabil
   return Status();
 }
 
+// The scalars of the norm patterns: eps finite and >= 0 (a NaN or negative
+// eps turns every norm into NaN or infinity), weight_bias finite, and
+// `scale` aligned to a float (the kernels load it as one; a misaligned load
+// is a device fault that kills the context). OK for pattern allreduce.
+inline Status check_call_values(const arbiter_allreduce_args& a) {
+  if (a.pattern == ARBITER_PATTERN_ALLREDUCE) return Status();
+  if (!(std::isfinite(a.eps) && a.eps >= 0.0f)) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "eps is " + std::to_string(a.eps) + "; it must be finite and >= 0");
+  }
+  if (!std::isfinite(a.weight_bias)) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "weight_bias is " + std::to_string(a.weight_bias) + "; it must be finite");
+  }
+  if (reinterpret_cast<std::uintptr_t>(a.scale) % alignof(float) != 0) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "scale is not aligned to a float (" + std::to_string(alignof(float)) + " bytes)");
+  }
+  return Status();
+}
+
 // The pointers the ABI requires for the pattern (arbiter_backend.h), the
-// 16-byte alignment of every buffer moved in 16-byte vectors, and
-// quant_out_alignment(). Rows are 16-byte multiples (check_hidden), so an
+// 16-byte alignment of every buffer moved in 16-byte vectors,
+// quant_out_alignment(), the aliasing contract (aliasing.h) and
+// check_call_values(). Rows are 16-byte multiples (check_hidden), so an
 // aligned base keeps every vector aligned. REQUIRES: check_call_kind(a) passed.
 inline Status check_call_buffers(const arbiter_allreduce_args& a) {
   const auto null = [](const char* name, const char* why) {
@@ -142,7 +167,8 @@ inline Status check_call_buffers(const arbiter_allreduce_args& a) {
     return Status(ARBITER_INVALID_ARGUMENT,
                   "quant_out is not " + std::to_string(quant) + "-byte aligned");
   }
-  return Status();
+  if (Status s = check_aliasing(a); !s.ok()) return s;
+  return check_call_values(a);
 }
 
 }  // namespace arbiter::common

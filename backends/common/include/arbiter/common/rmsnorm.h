@@ -89,15 +89,22 @@ ARBITER_HD inline void apply_epilogue_token_as(const arbiter_allreduce_args& arg
   constexpr arbiter_dtype dtype = kDtype;
   const std::uint32_t hidden = args.hidden;
   const std::size_t base = static_cast<std::size_t>(token) * hidden;
-  for (std::uint32_t i = 0; i < hidden; ++i) {
-    row[i] = round_to_dtype(row[i], dtype);
-    if (args.allreduce_out) store_element(args.allreduce_out, base + i, dtype, row[i]);
+  if (!pattern_has_norm(args.pattern)) {
+    if (args.allreduce_out == nullptr) return;
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      store_element(args.allreduce_out, base + i, dtype, round_to_dtype(row[i], dtype));
+    }
+    return;
   }
-  if (!pattern_has_norm(args.pattern)) return;
 
+  // Each element's residual is read before any output of it is written:
+  // every output may be residual_in itself (aliasing.h).
   float sum_of_squares = 0.0f;
   for (std::uint32_t i = 0; i < hidden; ++i) {
-    row[i] = add_residual(row[i], load_element(args.residual_in, base + i, dtype), dtype);
+    const float residual = load_element(args.residual_in, base + i, dtype);
+    const float sum = round_to_dtype(row[i], dtype);
+    if (args.allreduce_out) store_element(args.allreduce_out, base + i, dtype, sum);
+    row[i] = add_residual(sum, residual, dtype);
     if (args.residual_out) store_element(args.residual_out, base + i, dtype, row[i]);
     sum_of_squares += row[i] * row[i];
   }

@@ -47,19 +47,26 @@ __device__ inline void apply_epilogue(const EpilogueParams& p, std::uint32_t tok
   // by every algorithm alike: mnnvl two-shot must sanitise the sums it
   // broadcasts, and the others follow so that all give the same bits.
   const uint4 s_bits = sanitize<kDtype>(pack<kDtype>(sum));
-  if (lane.active && p.allreduce_out != nullptr) {
-    store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
-  }
   if constexpr (kEpilogue == Epilogue::kAllreduce) {
+    if (lane.active && p.allreduce_out != nullptr) {
+      store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
+    }
     return;
   } else {
     float x[kN];
     float squares = 0.0f;
     if (lane.active) {
+      // The residual is loaded before any output of this vector is stored:
+      // every output may be residual_in itself (aliasing.h). This thread is
+      // the only one that touches the vector.
+      const uint4 r_bits = load_vector(static_cast<const char*>(p.residual_in) + offset);
+      if (p.allreduce_out != nullptr) {
+        store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
+      }
       float s[kN];
       float r[kN];
       unpack<kDtype>(s_bits, s);
-      unpack<kDtype>(load_vector(static_cast<const char*>(p.residual_in) + offset), r);
+      unpack<kDtype>(r_bits, r);
 #pragma unroll
       for (unsigned k = 0; k < kN; ++k) {
         x[k] = round_to<kDtype>(s[k] + r[k]);
