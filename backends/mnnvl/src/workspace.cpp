@@ -140,48 +140,57 @@ Status choose_handles(const std::vector<Hello>& all, HandleKind* kind) {
   return Status();
 }
 
-// Zeroes this rank's memory and fills the buffers with the sentinel; waits.
+// Zeroes this rank's memory and fills the buffers with the sentinel; waits
+// (until the workspace deadline).
 Status initialise(arbiter_workspace& ws) {
-  cudaStream_t stream = nullptr;
-  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  const common::PrivateStream stream;
+  cudaError_t e = stream.error();
   char* self = ws.peers[ws.rank];
-  if (e == cudaSuccess) e = cudaMemsetAsync(self, 0, ws.layout.buffers_offset, stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(self, 0, ws.layout.buffers_offset, stream.get());
   if (e == cudaSuccess) {
-    e = launch_fill_sentinel(self + ws.layout.buffers_offset, 3 * ws.layout.buffer_bytes, stream);
+    e = launch_fill_sentinel(self + ws.layout.buffers_offset, 3 * ws.layout.buffer_bytes,
+                             stream.get());
   }
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-  if (stream != nullptr) cudaStreamDestroy(stream);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return Status(ARBITER_INTERNAL, cuda_message("initialising the workspace", e));
   }
-  return Status();
+  return common::wait_for_stream(stream.get(), ws.timeout_ms, "initialising the workspace");
 }
 
 // Every rank stores its pattern through the multicast mapping; every rank
 // then finds every rank's pattern in its own copy. Restores the sentinel.
+// Everything runs on a private stream (never the legacy default stream,
+// which would wait for a framework's blocking streams, possibly holding work
+// that waits on the peers), and every wait ends at the workspace deadline.
 Status probe_multicast(const arbiter_oob& oob, arbiter_workspace& ws) {
   const std::int64_t timeout = ws.timeout_ms;
   Status local;
-  // A private stream: waiting for the whole device (or the legacy default
-  // stream) could wait on a framework's work that waits on the peers.
-  cudaStream_t stream = nullptr;
-  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  const common::PrivateStream stream;
+  cudaError_t e = stream.error();
   if (e == cudaSuccess) {
     e = launch_multicast_probe(ws.multicast + ws.layout.buffers_offset, ws.rank, kProbeMagic,
-                               stream);
+                               stream.get());
   }
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) {
+    cudaGetLastError();
     local = Status(ARBITER_UNAVAILABLE, cuda_message("a store through the multicast mapping", e));
+  } else {
+    local = common::wait_for_stream(stream.get(), timeout, "a store through the multicast mapping");
+    if (local.code() == ARBITER_INTERNAL) local = Status(ARBITER_UNAVAILABLE, local.message());
   }
   // Every rank has stored (and waited for its store) before anyone reads.
   if (Status s = common::agree(oob, local, timeout); !s.ok()) return s;
+  // Pageable memory: the copy returns once done, and it follows only this
+  // stream's work, which has finished.
   std::vector<std::uint32_t> seen(4 * ws.world_size);
-  e = cudaMemcpy(seen.data(), ws.peers[ws.rank] + ws.layout.buffers_offset,
-                 seen.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost);
+  e = cudaMemcpyAsync(seen.data(), ws.peers[ws.rank] + ws.layout.buffers_offset,
+                      seen.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, stream.get());
   if (e != cudaSuccess) {
+    cudaGetLastError();
     local = Status(ARBITER_INTERNAL, cuda_message("reading the multicast probe back", e));
+  } else {
+    local = common::wait_for_stream(stream.get(), timeout, "reading the multicast probe back");
   }
   for (std::uint32_t q = 0; q < ws.world_size && local.ok(); ++q) {
     const std::uint32_t* w = &seen[4 * q];
@@ -196,11 +205,10 @@ Status probe_multicast(const arbiter_oob& oob, arbiter_workspace& ws) {
   }
   if (local.ok()) {
     e = launch_fill_sentinel(ws.peers[ws.rank] + ws.layout.buffers_offset, 16 * ws.world_size,
-                             stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    if (e != cudaSuccess) local = Status(ARBITER_INTERNAL, cuda_message("after the probe", e));
+                             stream.get());
+    local = e == cudaSuccess ? common::wait_for_stream(stream.get(), timeout, "after the probe")
+                             : Status(ARBITER_INTERNAL, cuda_message("after the probe", e));
   }
-  if (stream != nullptr) cudaStreamDestroy(stream);
   return common::agree(oob, local, timeout);
 }
 

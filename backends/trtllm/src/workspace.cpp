@@ -88,19 +88,23 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
   ws.base = static_cast<char*>(base);
   hello.base = reinterpret_cast<std::uintptr_t>(base);
 
-  cudaStream_t stream = nullptr;
-  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaMemsetAsync(base, 0, ws.layout.total_bytes, stream);
+  const common::PrivateStream stream;
+  cudaError_t e = stream.error();
+  if (e == cudaSuccess) e = cudaMemsetAsync(base, 0, ws.layout.total_bytes, stream.get());
   if (e == cudaSuccess) {
     e = launch_fill_sentinel(ws.base + ws.layout.oneshot_offset, ws.layout.oneshot_bytes,
-                             ws.layout.dtype, stream);
+                             ws.layout.dtype, stream.get());
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_INTERNAL, cuda_message("initialising the workspace", e));
   }
   // Every peer sees the sentinel before any first call: the exchange below
   // happens after this wait on every rank.
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-  if (stream != nullptr) cudaStreamDestroy(stream);
-  if (e != cudaSuccess)
-    return Status(ARBITER_INTERNAL, cuda_message("initialising the workspace", e));
+  if (Status s = common::wait_for_stream(stream.get(), ws.timeout_ms, "initialising the workspace");
+      !s.ok()) {
+    return s;
+  }
 
   // Only peers in other processes need the handle; in-process peers (loopback)
   // use the pointer, so a failure here matters only if such a peer exists.

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/gpu_share.h"
@@ -51,6 +53,53 @@ inline Status use_device(DeviceScope& scope, int device) {
                   cuda_message("cudaSetDevice(" + std::to_string(device) + ")", e));
   }
   return Status();
+}
+
+// A non-blocking stream of the module's own: work on it never waits for the
+// legacy default stream, so for none of a framework's blocking streams
+// (which may hold work that waits on peers). Destroyed with the scope.
+class PrivateStream {
+ public:
+  PrivateStream() { error_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  ~PrivateStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  PrivateStream(const PrivateStream&) = delete;
+  PrivateStream& operator=(const PrivateStream&) = delete;
+
+  cudaStream_t get() const { return stream_; }
+  cudaError_t error() const { return error_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaError_t error_ = cudaSuccess;
+};
+
+// Waits until everything enqueued on `stream` has finished, or timeout_ms
+// (<= 0: 60 s) has passed: ARBITER_TIMEOUT naming `what`, where
+// cudaStreamSynchronize would block forever on a stuck kernel. A CUDA
+// error is ARBITER_INTERNAL. Polls, sleeping up to 1 ms: for workspace
+// set-up, not the hot path.
+inline Status wait_for_stream(cudaStream_t stream, std::int64_t timeout_ms,
+                              const std::string& what) {
+  const std::int64_t limit = timeout_ms > 0 ? timeout_ms : 60000;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit);
+  auto nap = std::chrono::microseconds(10);
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return Status();
+    if (e != cudaErrorNotReady) {
+      cudaGetLastError();
+      return Status(ARBITER_INTERNAL, cuda_message(what, e));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status(ARBITER_TIMEOUT, what + ": not finished after " + std::to_string(limit) +
+                                         " ms (the GPU is stuck or busy with another "
+                                         "process's work)");
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
 }
 
 // Enqueues `launch` (returning the launch's cudaError_t) with `device`
