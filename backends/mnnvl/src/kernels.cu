@@ -53,7 +53,7 @@ __device__ inline void store_to_all(const KernelParams& p, std::uint64_t offset,
         "f"(__uint_as_float(v.w))
         : "memory");
   } else {
-    for (std::uint32_t q = 0; q < p.world_size; ++q) store_vector(p.peers[q] + offset, v);
+    for (std::uint32_t q = 0; q < p.world_size; ++q) store_relaxed_system(p.peers[q] + offset, v);
   }
 }
 
@@ -64,7 +64,7 @@ __device__ inline void poll_and_sum(const KernelParams& p, const char* first, st
                                     std::uint32_t count, std::uint32_t token,
                                     float (&sum)[Vector<kDtype>::kElements]) {
   constexpr unsigned kN = Vector<kDtype>::kElements;
-  Spin spin(p.spin_timeout_ns);
+  Spin spin("mnnvl", p.spin_timeout_ns);
   for (std::uint32_t q0 = 0; q0 < count; q0 += kPollBatch) {
     uint4 v[kPollBatch];
 #pragma unroll
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) twoshot_kernel(const KernelPar
       const uint4 v = sanitize<kDtype>(
           load_vector(static_cast<const char*>(p.input) + t * row_bytes + lane_bytes));
       const std::uint64_t row = std::uint64_t{p.rank} * rows_per_owner + t / p.world_size;
-      store_vector(p.peers[t % p.world_size] + buffer + row * row_bytes + lane_bytes, v);
+      store_relaxed_system(p.peers[t % p.world_size] + buffer + row * row_bytes + lane_bytes, v);
     }
   }
   clear_previous(p, state.buffer, state.clear);

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
       const std::uint64_t offset = t * row_bytes + lane_bytes;
       const uint4 v = sanitize<kDtype>(load_vector(static_cast<const char*>(p.input) + offset));
       for (std::uint32_t q = 0; q < p.world_size; ++q)
-        store_vector(p.peers[q] + my_slot + offset, v);
+        store_relaxed_system(p.peers[q] + my_slot + offset, v);
     }
   }
 
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
     for (unsigned k = 0; k < kN; ++k) sum[k] = 0.0f;
     if (lane.active) {
       const std::uint64_t offset = stage_base + t * row_bytes + lane_bytes;
-      Spin spin(p.spin_timeout_ns);
+      Spin spin("trtllm", p.spin_timeout_ns);
       for (std::uint32_t q0 = 0; q0 < p.world_size; q0 += kPollBatch) {
         uint4 v[kPollBatch];
 #pragma unroll

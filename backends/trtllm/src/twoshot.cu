@@ -44,13 +44,12 @@ __device__ void cross_rank_barrier(const KernelParams& p, std::uint64_t target) 
       return reinterpret_cast<std::uint64_t*>(p.peers[rank] + p.flags_offset) +
              std::uint64_t{blockIdx.x} * p.world_size;
     };
-    // The CTA's stores (ordered before this thread by __syncthreads) happen
-    // before the flag, for observers on any GPU: a system-scope fence, then
-    // the release store.
-    __threadfence_system();
+    // The CTA's stores, ordered before this thread by __syncthreads, happen
+    // before the flag for observers on any GPU: a system-scope release is
+    // cumulative, so no fence is needed before it.
     store_release_system(flags(q) + p.rank, target);
     const std::uint64_t* mine = flags(p.rank) + q;
-    Spin spin(p.spin_timeout_ns);
+    Spin spin("trtllm", p.spin_timeout_ns);
     while (load_acquire_system(mine) < target) {
       spin.again("two-shot barrier", p.rank, q, blockIdx.x);
     }

@@ -160,6 +160,16 @@ __device__ inline uint4 load_volatile(const void* p) {
   return v;
 }
 
+// A Lamport payload store into a peer's memory: relaxed at system scope, so
+// it is a strong store that peers polling with ld.volatile (or ld.relaxed)
+// may observe, as the PTX memory model requires; a weak st.global gives no
+// such promise. Costs the same as st.global.
+__device__ inline void store_relaxed_system(void* p, const uint4& v) {
+  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 __device__ inline void store_release_system(std::uint64_t* p, std::uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(value) : "memory");
 }
@@ -181,7 +191,9 @@ __device__ inline std::uint64_t global_timer_ns() {
 // sees, instead of hanging the job forever.
 class Spin {
  public:
-  __device__ explicit Spin(std::uint64_t timeout_ns) : timeout_ns_(timeout_ns) {}
+  // `module` names the backend in the message ("trtllm", "mnnvl").
+  __device__ Spin(const char* module, std::uint64_t timeout_ns)
+      : module_(module), timeout_ns_(timeout_ns) {}
 
   // Call once per failed poll.
   __device__ void again(const char* what, std::uint32_t rank, std::uint32_t peer,
@@ -192,14 +204,15 @@ class Spin {
       start_ = now;
     } else if (now - start_ > timeout_ns_) {
       printf(
-          "arbiter trtllm: rank %u waited over %llu ms for rank %u (%s, token %u); "
+          "arbiter %s: rank %u waited over %llu ms for rank %u (%s, token %u); "
           "a peer is gone or diverged. Aborting the kernel.\n",
-          rank, static_cast<unsigned long long>(timeout_ns_ / 1000000), peer, what, token);
+          module_, rank, static_cast<unsigned long long>(timeout_ns_ / 1000000), peer, what, token);
       __trap();
     }
   }
 
  private:
+  const char* module_;
   std::uint64_t timeout_ns_;
   std::uint64_t start_ = 0;
   std::uint32_t polls_ = 0;
