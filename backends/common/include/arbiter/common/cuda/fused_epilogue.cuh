@@ -120,6 +120,12 @@ __device__ inline void apply_epilogue(const EpilogueParams& p, std::uint32_t tok
         }
       }
     } else if constexpr (kEpilogue == Epilogue::kNormFp4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
+      // NVFP4 is refused on the host below capability 100 (call_checks.h),
+      // so this is never reached there; not compiling the quantiser for
+      // those architectures keeps their kernels within 64 registers.
+      __trap();
+#else
       // A 16-element block is two adjacent threads' vectors (8 elements
       // each; the launcher keeps CTAs at an even thread count, so partners
       // share a warp). Every existing lane joins the shuffle.
@@ -147,6 +153,7 @@ __device__ inline void apply_epilogue(const EpilogueParams& p, std::uint32_t tok
               p.scale_out)[common::scale_offset(p.linear_scales, token, block, blocks)] = sf;
         }
       }
+#endif
     }
   }
 }
