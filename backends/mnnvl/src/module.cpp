@@ -3,8 +3,8 @@
 // NVLink domain, one node or several (GB200/GB300 NVL72), through a
 // multicast mapping; one-shot or two-shot.
 //
-// run() checks the call on the host (guards.h), picks the launch shape
-// (arbiter/common/launch_config.h) and enqueues one kernel: no allocation,
+// run() checks the call on the host (guards.h) and enqueues one kernel
+// (arbiter/common/fused_module.h picks the launch shape): no allocation,
 // no synchronisation, capturable in CUDA graphs. Every rank must make the
 // same calls in the same order with the same shapes.
 // arbiter/common/abi_entry.h holds the entry points' argument checks and
@@ -14,10 +14,7 @@
 #include <cstdint>
 
 #include "arbiter/common/abi_entry.h"
-#include "arbiter/common/cuda/epilogue_params.h"
-#include "arbiter/common/cuda/kernel_launch_shape.h"
-#include "arbiter/common/cuda_host.h"
-#include "arbiter/common/launch_config.h"
+#include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
 #include "arbiter/mnnvl/guards.h"
 #include "arbiter_backend.h"
@@ -39,8 +36,6 @@ constexpr std::uint32_t kMinCapability = 90;
 // ABI v1 can say world sizes up to 63 (bit w of a 64-bit mask); the kernels
 // take 64 too.
 constexpr std::uint64_t kWorldSizeMask = ~std::uint64_t{3};
-constexpr std::uint32_t kDtypeMask =
-    (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
 
 struct Module {
   static constexpr const char* kName = "mnnvl";
@@ -53,19 +48,8 @@ struct Module {
     }
     const DriverApi* api = nullptr;
     if (Status s = driver_api(&api); !s.ok()) return s;
-    *caps = arbiter_backend_caps{};
-    caps->device_kind = ARBITER_DEVICE_GPU;
-    caps->capability = capability;
-    caps->world_size_mask = kWorldSizeMask;
-    caps->dtype_mask = kDtypeMask;
-    caps->pattern_mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
-                         (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
-                         (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
-    if (capability >= common::kMinNvfp4Capability) {
-      caps->pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
-    }
-    caps->algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
-    caps->flags = ARBITER_CAPS_NEEDS_MULTICAST | ARBITER_CAPS_NEEDS_NVLINK;
+    *caps = common::fused_gpu_caps(capability, kWorldSizeMask,
+                                   ARBITER_CAPS_NEEDS_MULTICAST | ARBITER_CAPS_NEEDS_NVLINK);
     return Status();
   }
 
@@ -85,11 +69,6 @@ struct Module {
   static Status run(arbiter_workspace& ws, const arbiter_allreduce_args* args, void* stream) {
     if (Status s = check_call(ws.layout, args, ws.capability); !s.ok()) return s;
     const arbiter_allreduce_args& a = *args;
-    const common::Result<common::LaunchConfig> chosen =
-        common::launch_config_for(a, ws.world_size, ws.limits);
-    if (!chosen.ok()) return chosen.status();
-    const common::LaunchConfig& config = chosen.value();
-
     KernelParams p;
     for (std::uint32_t q = 0; q < ws.world_size; ++q) p.peers[q] = ws.peers[q];
     p.multicast = ws.multicast;
@@ -102,15 +81,8 @@ struct Module {
     p.broadcast_offset = ws.layout.scatter_bytes;
     p.spin_timeout_ns = ws.spin_timeout_ns;
     p.input = a.input;
-    p.epilogue = common::make_epilogue_params(a, config.threads_per_token, config.cluster_size);
-
-    const common::LaunchShape shape = common::launch_shape_of(config, a.flags);
-    const auto s = static_cast<cudaStream_t>(stream);
-    return common::launch_on_device(ws.device, [&] {
-      return a.algorithm == ARBITER_ALGORITHM_ONESHOT
-                 ? launch_oneshot(p, a.dtype, a.pattern, shape, s)
-                 : launch_twoshot(p, a.dtype, a.pattern, shape, s);
-    });
+    return common::launch_fused(ws.device, a, ws.world_size, ws.limits, p, launch_oneshot,
+                                launch_twoshot, stream);
   }
 
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }

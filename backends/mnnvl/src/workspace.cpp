@@ -26,6 +26,7 @@
 
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
+#include "arbiter/common/fused_module.h"
 #include "arbiter/common/gpu_share.h"
 #include "arbiter/common/rank_hello.h"
 #include "driver_api.h"
@@ -296,16 +297,11 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 }
 
 void destroy_workspace(arbiter_workspace& ws) {
-  DeviceScope scope;
-  scope.use(ws.device);
-  // This rank's kernels are done, then every rank's: nobody stores into any
-  // workspace of the group any more.
-  cudaDeviceSynchronize();
-  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
-  release(ws);
-  // Nobody frees before every rank has unmapped (imported handles keep the
-  // memory alive anyway; loopback peers are plain pointers).
-  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
+  // release() unmaps and frees at once: imported handles keep a peer's
+  // memory alive until every rank has unmapped it (loopback peers are plain
+  // pointers), so there is nothing left to free after the second barrier.
+  common::destroy_peer_mapped(
+      ws.oob, ws.timeout_ms, ws.device, [&] { release(ws); }, [] {});
 }
 
 }  // namespace arbiter::mnnvl

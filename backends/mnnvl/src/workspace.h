@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "arbiter/common/launch_config.h"
+#include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
 #include "arbiter/mnnvl/workspace_layout.h"
 #include "arbiter_backend.h"
@@ -36,16 +36,8 @@ struct MnnvlMemory {
   bool multicast_mapped = false;
 };
 
-struct arbiter_workspace {
-  arbiter_oob oob{};  // the host keeps its context valid until destroy
-  std::int64_t timeout_ms = 0;
-  int device = 0;
-  std::uint32_t capability = 0;
-  std::uint32_t rank = 0;
-  std::uint32_t world_size = 0;
+struct arbiter_workspace : arbiter::common::FusedRank {
   arbiter::mnnvl::WorkspaceLayout layout;
-  arbiter::common::DeviceLimits limits;  // agreed by every rank
-  std::uint64_t spin_timeout_ns = 0;
   bool loopback = false;
   char* loopback_base = nullptr;  // loopback: this rank's cudaMalloc
   MnnvlMemory memory;             // otherwise

@@ -2,8 +2,8 @@
 // fused all-reduce + residual + RMSNorm (+ FP8 / NVFP4) over peer-mapped
 // memory, one-shot (Lamport) or two-shot.
 //
-// run() checks the call on the host (guards.h), picks the launch shape
-// (launch_config.h) and enqueues one kernel. It allocates nothing and never
+// run() checks the call on the host (guards.h), then enqueues one kernel
+// (arbiter/common/fused_module.h picks the launch shape). It allocates nothing and never
 // synchronises, so calls are capturable in CUDA graphs and replayable. Every
 // rank must make the same calls in the same order with the same shapes, as
 // for any collective. arbiter/common/abi_entry.h holds the entry points'
@@ -13,11 +13,9 @@
 #include <cstdint>
 
 #include "arbiter/common/abi_entry.h"
-#include "arbiter/common/cuda/kernel_launch_shape.h"
-#include "arbiter/common/cuda_host.h"
+#include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
 #include "arbiter/trtllm/guards.h"
-#include "arbiter/trtllm/launch_config.h"
 #include "arbiter_backend.h"
 #include "launch.h"
 #include "workspace.h"
@@ -34,16 +32,6 @@ using common::Status;
 // Clusters, distributed shared memory and griddepcontrol need SM90.
 constexpr std::uint32_t kMinCapability = 90;
 constexpr std::uint64_t kWorldSizeMask = (1ull << 2) | (1ull << 4) | (1ull << 8) | (1ull << 16);
-constexpr std::uint32_t kDtypeMask =
-    (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
-
-std::uint32_t patterns_for(std::uint32_t capability) {
-  std::uint32_t mask = (1u << ARBITER_PATTERN_ALLREDUCE) |
-                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
-                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
-  if (capability >= kMinNvfp4Capability) mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
-  return mask;
-}
 
 struct Module {
   static constexpr const char* kName = "trtllm";
@@ -55,14 +43,7 @@ struct Module {
         !s.ok()) {
       return s;
     }
-    *caps = arbiter_backend_caps{};
-    caps->device_kind = ARBITER_DEVICE_GPU;
-    caps->capability = capability;
-    caps->world_size_mask = kWorldSizeMask;
-    caps->dtype_mask = kDtypeMask;
-    caps->pattern_mask = patterns_for(capability);
-    caps->algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
-    caps->flags = ARBITER_CAPS_SINGLE_NODE_ONLY;
+    *caps = common::fused_gpu_caps(capability, kWorldSizeMask, ARBITER_CAPS_SINGLE_NODE_ONLY);
     return Status();
   }
 
@@ -78,10 +59,6 @@ struct Module {
   static Status run(arbiter_workspace& ws, const arbiter_allreduce_args* args, void* stream) {
     if (Status s = check_call(ws.layout, args, ws.capability); !s.ok()) return s;
     const arbiter_allreduce_args& a = *args;
-    const Result<LaunchConfig> chosen = common::launch_config_for(a, ws.world_size, ws.limits);
-    if (!chosen.ok()) return chosen.status();
-    const LaunchConfig& config = chosen.value();
-
     KernelParams p;
     for (std::uint32_t q = 0; q < ws.world_size; ++q) p.peers[q] = ws.peers[q];
     p.control = reinterpret_cast<ControlBlock*>(ws.base + ws.layout.control_offset);
@@ -96,15 +73,8 @@ struct Module {
     p.twoshot_sum_offset = ws.layout.twoshot_sum_offset();
     p.spin_timeout_ns = ws.spin_timeout_ns;
     p.input = a.input;
-    p.epilogue = common::make_epilogue_params(a, config.threads_per_token, config.cluster_size);
-
-    const common::LaunchShape shape = common::launch_shape_of(config, a.flags);
-    const auto s = static_cast<cudaStream_t>(stream);
-    return common::launch_on_device(ws.device, [&] {
-      return a.algorithm == ARBITER_ALGORITHM_ONESHOT
-                 ? launch_oneshot(p, a.dtype, a.pattern, shape, s)
-                 : launch_twoshot(p, a.dtype, a.pattern, shape, s);
-    });
+    return common::launch_fused(ws.device, a, ws.world_size, ws.limits, p, launch_oneshot,
+                                launch_twoshot, stream);
   }
 
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }

@@ -23,6 +23,7 @@
 
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
+#include "arbiter/common/fused_module.h"
 #include "arbiter/common/gpu_share.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/rank_hello.h"
@@ -249,16 +250,9 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 }
 
 void destroy_workspace(arbiter_workspace& ws) {
-  DeviceScope scope;
-  scope.use(ws.device);
-  // This rank's kernels are done, then every rank's: nobody touches any
-  // workspace of the group any more.
-  cudaDeviceSynchronize();
-  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
-  close_peer_mappings(ws);
-  // Every peer has unmapped this rank's memory before it is freed.
-  ws.oob.barrier(ws.oob.ctx, ws.timeout_ms);
-  unmap_and_free(ws);
+  common::destroy_peer_mapped(
+      ws.oob, ws.timeout_ms, ws.device, [&] { close_peer_mappings(ws); },
+      [&] { unmap_and_free(ws); });
 }
 
 }  // namespace arbiter::trtllm

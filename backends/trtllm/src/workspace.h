@@ -5,24 +5,14 @@
 
 #include <cstdint>
 
+#include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
-#include "arbiter/trtllm/launch_config.h"
 #include "arbiter/trtllm/workspace_layout.h"
 #include "arbiter_backend.h"
 #include "kernel_params.h"
 
-struct arbiter_workspace {
-  arbiter_oob oob{};  // the host keeps its context valid until destroy
-  std::int64_t timeout_ms = 0;
-  int device = 0;
-  std::uint32_t capability = 0;
-  std::uint32_t rank = 0;
-  std::uint32_t world_size = 0;
+struct arbiter_workspace : arbiter::common::FusedRank {
   arbiter::trtllm::WorkspaceLayout layout;
-  // Agreed by every rank (the minimum over ranks of each rank's share of its
-  // GPU), so every rank picks the same launch configuration.
-  arbiter::trtllm::DeviceLimits limits;
-  std::uint64_t spin_timeout_ns = 0;
   char* base = nullptr;  // this rank's allocation
   char* peers[arbiter::trtllm::kMaxRanks] = {};
   bool ipc_opened[arbiter::trtllm::kMaxRanks] = {};  // mappings to close on destroy

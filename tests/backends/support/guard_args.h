@@ -52,21 +52,41 @@ inline arbiter_allreduce_args in_place_guard_args(std::uint32_t tokens, std::uin
   return a;
 }
 
-// A call a module must refuse with ARBITER_INVALID_ARGUMENT, and words of
-// the message.
+// A call a module must refuse, on a device of `capability`, with `code` and
+// `words` in the message.
 struct RefusedCall {
   arbiter_allreduce_args args;
   std::string words;
+  arbiter_status code = ARBITER_INVALID_ARGUMENT;
+  std::uint32_t capability = 100;
 };
 
-// One bf16 call per rule of aliasing.h and check_call_values.
+// One bf16 call per rule of the common call checks (call_checks.h,
+// aliasing.h) that every fused module runs.
 inline std::vector<RefusedCall> call_check_breaches(std::uint32_t tokens, std::uint32_t hidden) {
   std::vector<RefusedCall> calls;
-  auto add = [&](auto change, const char* words) {
+  auto add = [&](auto change, const char* words, arbiter_status code = ARBITER_INVALID_ARGUMENT,
+                 std::uint32_t capability = 100) {
     arbiter_allreduce_args a = valid_guard_args(tokens, hidden, ARBITER_DTYPE_BF16);
     change(a);
-    calls.push_back({a, words});
+    calls.push_back({a, words, code, capability});
   };
+  add([](arbiter_allreduce_args& a) { a.pattern = static_cast<arbiter_pattern>(4); },
+      "pattern 4 is not supported", ARBITER_UNSUPPORTED);
+  add([](arbiter_allreduce_args& a) { a.algorithm = ARBITER_ALGORITHM_NATIVE; },
+      "algorithm 2 is not supported (one-shot or two-shot)", ARBITER_UNSUPPORTED);
+  add([](arbiter_allreduce_args& a) { a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4; },
+      "NVFP4 needs capability >= 100 (this device is 90)", ARBITER_UNSUPPORTED, 90);
+  add([](arbiter_allreduce_args& a) { a.input = nullptr; }, "input is NULL");
+  add([](arbiter_allreduce_args& a) { a.gamma = nullptr; }, "gamma is NULL");
+  add([](arbiter_allreduce_args& a) { a.residual_in = guard_buffer(2) + 8; },
+      "residual_in is not 16-byte aligned");
+  add(
+      [](arbiter_allreduce_args& a) {
+        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
+        a.quant_out = guard_buffer(6) + 4;
+      },
+      "quant_out is not 8-byte aligned");
   add([](arbiter_allreduce_args& a) { a.norm_out = guard_buffer(0) + 16; },
       "norm_out overlaps input");
   add([](arbiter_allreduce_args& a) { a.residual_out = a.allreduce_out; },
