@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Device check: on a machine with a GPU, builds arbiter for that GPU, runs the
-# GPU tests (ctest -L gpu: the trtllm and mnnvl loopback suites) and the fused
-# benchmark (trtllm and mnnvl), and writes everything into one folder:
-#   report.md        pass/fail and time of each step, the GPU, the bench summary
-#   configure.log    cmake configure output
-#   build.log        build output
+# GPU tests (ctest -L gpu: the trtllm and mnnvl loopback suites, nccl, and
+# every module with one rank per process at 2 and 4 processes on one GPU),
+# the loopback suites at world sizes 2 and 8 under compute-sanitizer
+# (memcheck, racecheck, synccheck) and the fused benchmark (trtllm and
+# mnnvl), and writes everything into one folder:
+#   report.md        one line per step and per GPU test, the GPU, the bench summary
+#   summary.json     the same steps and tests, for machines
+#   build.log        cmake configure and build output
 #   ctest.log        ctest -L gpu --output-on-failure
+#   sanitizer.log    compute-sanitizer runs
 #   bench.csv        arbiter-bench-fused CSV (bench/FUSED.md describes it)
 #   bench.log        its progress and summary (stderr)
 #   nvidia-smi.txt   nvidia-smi -q
-# (seven files, flat: the device tool returns at most 8 files from $OUT.)
+# (eight files, flat: the device tool returns at most 8 files from $OUT.)
 #
 # Usage: scripts/device-check.sh [--full] [--out DIR] [--build-dir DIR]
 #                                [--arch ARCH] [--quick] [--deadline S] [--jobs N]
@@ -22,6 +26,7 @@
 #                 10.3 -> 103a), else "native"
 #   --quick       the benchmark's short sweep
 #   --deadline S  the whole check's time limit, default 450 s (7.5 min)
+#   --no-sanitizer  skip the compute-sanitizer runs
 #   --jobs N      parallel build jobs, default nproc
 # Needs CUDA, CMake >= 3.25 and a C++20 compiler; uses ninja when present.
 # Exit: 0 all passed; 1 a step failed or timed out; 2 bad usage; 77 no GPU
@@ -32,6 +37,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
 full=0
 quick=0
+sanitize=1
 out=""
 build=""
 arch=""
@@ -44,6 +50,7 @@ while (($#)); do
   case "$1" in
     --full) full=1 ;;
     --quick) quick=1 ;;
+    --no-sanitizer) sanitize=0 ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     --build-dir) build=${2:?--build-dir needs a folder}; shift ;;
     --arch) arch=${2:?--arch needs an architecture}; shift ;;
@@ -65,6 +72,7 @@ build=${build:-$root/build-device-check}
 
 report=$out/report.md
 steps=()    # "| step | result | seconds | log |" rows of the report
+json_steps=()  # {"name", "result", "seconds", "log"} objects of summary.json
 notes=()    # lines for the report
 failed=0
 
@@ -99,6 +107,7 @@ step() {
     *) result="FAIL (exit $rc)" ;;
   esac
   steps+=("| $name | $result | $((SECONDS - t0)) | $(basename "$log") |")
+  json_steps+=("{\"name\": \"$name\", \"result\": \"$result\", \"seconds\": $((SECONDS - t0)), \"log\": \"$(basename "$log")\"}")
   say "$name: $result in $((SECONDS - t0))s"
   return $rc
 }
@@ -135,7 +144,6 @@ fi
 [ -n "$arch" ] && cmake_args+=("-DARBITER_CUDA_ARCHITECTURES=$arch")
 command -v ninja >/dev/null 2>&1 && cmake_args+=(-G Ninja)
 
-: >"$out/configure.log"
 : >"$out/build.log"
 say "GPU: ${gpu_name:-none} (capability ${gpu_cap:-?}), arch ${arch:-project default}, $mode"
 say "build dir $build, output $out, deadline ${deadline}s"
@@ -149,7 +157,7 @@ if [ -e "$build" ]; then
     exit 2
   fi
 fi
-if step configure "$out/configure.log" "$(budget 120 300)" cmake "${cmake_args[@]}" &&
+if step configure "$out/build.log" "$(budget 120 300)" cmake "${cmake_args[@]}" &&
   step build "$out/build.log" "$(budget 300 120)" cmake --build "$build" -j"$jobs"; then
   built=1
 else
@@ -166,6 +174,32 @@ if ((built && gpu_present)); then
     ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error || failed=1
   skipped=$(grep -c '(Skipped)$' "$out/ctest.log")
   ((skipped)) && notes+=("$skipped GPU test(s) skipped on a machine with a GPU: see ctest.log.")
+
+  # The loopback suites, small (ARBITER_GPU_SUITE=small: world sizes 2 and
+  # 8, bf16), under each compute-sanitizer tool. A kernel waiting for a
+  # peer the tool keeps from running traps after 60 s instead of 10 min.
+  : >"$out/sanitizer.log"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if ((sanitize)) && [ -x "$sanitizer" ]; then
+    for tool in memcheck racecheck synccheck; do
+      for suite in trtllm mnnvl; do
+        bin=$build/bin/backends_${suite}_gpu_test
+        [ -x "$bin" ] || continue
+        # The benchmark keeps its last 90 s.
+        if (($(remaining) < 150)); then
+          steps+=("| sanitizer $tool $suite | skipped (no time left) | 0 | sanitizer.log |")
+          json_steps+=("{\"name\": \"sanitizer $tool $suite\", \"result\": \"skipped (no time left)\", \"seconds\": 0, \"log\": \"sanitizer.log\"}")
+          continue
+        fi
+        echo "=== compute-sanitizer --tool $tool $suite (world sizes 2, 8)" >>"$out/sanitizer.log"
+        step "sanitizer $tool $suite" "$out/sanitizer.log" "$(budget 90 120)" \
+          env ARBITER_GPU_SUITE=small ARBITER_KERNEL_TIMEOUT_MS=60000 \
+          "$sanitizer" --tool "$tool" --error-exitcode 3 "$bin" || failed=1
+      done
+    done
+  elif ((sanitize)); then
+    notes+=("compute-sanitizer not found: the sanitizer runs were skipped.")
+  fi
 
   bench=$build/bin/arbiter-bench-fused
   : >"$out/bench.log"
@@ -223,11 +257,24 @@ fi
   fi
   if [ -s "$out/ctest.log" ]; then
     echo
-    echo "## GPU tests"
+    echo "## GPU tests (one line per suite)"
     echo
     echo '```'
-    grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|did not run|Skipped|\*\*\*' \
-      "$out/ctest.log" | head -n 60
+    grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed' "$out/ctest.log" | head -n 60
+    echo '```'
+    echo
+    echo "Group and process lines:"
+    echo
+    echo '```'
+    grep -E 'calls \(|processes[,:]|cases passed|FAIL' "$out/ctest.log" | head -n 80
+    echo '```'
+  fi
+  if [ -s "$out/sanitizer.log" ]; then
+    echo
+    echo "## compute-sanitizer"
+    echo
+    echo '```'
+    grep -E '^=== |ERROR SUMMARY|RACECHECK SUMMARY|failures, ' "$out/sanitizer.log" | head -n 60
     echo '```'
   fi
   if [ -s "$out/bench.log" ]; then
@@ -245,11 +292,31 @@ fi
     echo "## Last lines of the failed step"
     echo
     echo '```'
-    tail -n 40 "$out/build.log" 2>/dev/null || true
-    tail -n 20 "$out/configure.log" 2>/dev/null || true
+    tail -n 60 "$out/build.log" 2>/dev/null || true
     echo '```'
   fi
 } >"$report"
+
+# summary.json: the steps and every ctest line, for machines.
+{
+  echo "{"
+  echo "  \"gpu\": \"${gpu_name:-none}\", \"capability\": \"${gpu_cap:-}\", \"arch\": \"${arch:-}\","
+  echo "  \"seconds\": $((SECONDS - start)), \"deadline\": $deadline, \"failed\": $failed,"
+  echo "  \"steps\": ["
+  for ((i = 0; i < ${#json_steps[@]}; ++i)); do
+    sep=","
+    ((i == ${#json_steps[@]} - 1)) && sep=""
+    echo "    ${json_steps[$i]}$sep"
+  done
+  echo "  ],"
+  echo "  \"tests\": ["
+  if [ -s "$out/ctest.log" ]; then
+    sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.*[ *]*([A-Za-z]+( Run)?)[^0-9]*([0-9.]+) sec.*/    {"name": "\1", "result": "\2", "seconds": \4},/p' \
+      "$out/ctest.log" | sed '$ s/,$//'
+  fi
+  echo "  ]"
+  echo "}"
+} >"$out/summary.json"
 
 say "report: $report"
 if ((failed)); then

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <type_traits>
@@ -229,6 +230,14 @@ Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry
       !oob.broadcast) {
     throw CommunicatorError("invalid oob: rank " + std::to_string(oob.rank) + " of " +
                             std::to_string(oob.size) + ", or a NULL function");
+  }
+  // Lets GPU modules put ranks of different processes on one GPU, for the
+  // multi-process GPU tests only: a job that inherits it must not run so.
+  if (const char* shared = std::getenv("ARBITER_TEST_SHARED_GPU"); shared != nullptr && *shared) {
+    throw CommunicatorError(
+        "ARBITER_TEST_SHARED_GPU is set (to \"" + std::string(shared) +
+        "\"): it puts every rank on GPU 0 for arbiter's multi-process GPU tests and is refused "
+        "outside them; unset it");
   }
   impl_->create(registry);
 }

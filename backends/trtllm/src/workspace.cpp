@@ -116,7 +116,7 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
 
 // Checks every rank can reach the same conclusion from the Hellos alone.
 // Everything trtllm needs beyond the common checks: one host, and no GPU
-// shared by two processes.
+// shared by two processes (but in arbiter's own tests, test_shared_gpu()).
 Status check_group(const std::vector<Hello>& all) {
   if (Status s = common::check_same_workspace(all); !s.ok()) return s;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -128,7 +128,8 @@ Status check_group(const std::vector<Hello>& all) {
     }
     for (std::size_t q = 0; q < r; ++q) {
       const common::RankHello& a = all[q].rank;
-      if (std::memcmp(a.gpu.uuid, b.gpu.uuid, sizeof b.gpu.uuid) == 0 && a.process != b.process) {
+      if (std::memcmp(a.gpu.uuid, b.gpu.uuid, sizeof b.gpu.uuid) == 0 && a.process != b.process &&
+          !common::test_shared_gpu()) {
         return Status(ARBITER_UNSUPPORTED,
                       "ranks " + std::to_string(q) + " and " + std::to_string(r) +
                           " use the same GPU from different processes; their kernels would not "

@@ -92,8 +92,8 @@ struct FusedSuite {
   std::uint32_t max_tokens = 0;
   std::uint32_t max_hidden = 0;
   std::vector<Variant> variants = kAllVariants;
-  Shape back_to_back;  // residual_rmsnorm, 10,000 calls
-  Shape graph;         // residual_rmsnorm_fp8, captured and replayed
+  Shape back_to_back;  // residual_rmsnorm, back_to_back_calls calls
+  Shape graph;         // residual_rmsnorm_fp8, captured and replayed graph_replays times
   Shape salted;        // every variant on -0.0 and subnormals
   // One-shot and two-shot agree on the sign of a zero sum too (a module that
   // sanitises -0.0 on both paths); otherwise tokens where every rank sends
@@ -111,6 +111,8 @@ struct FusedSuite {
   std::uint64_t world_size_mask = 0;
   std::uint32_t flags_set = 0;    // ARBITER_CAPS_* bits that must be set
   std::uint32_t flags_clear = 0;  // ... and that must not
+  int back_to_back_calls = 10000;
+  int graph_replays = 100;  // a multiple of kGraphInputSets
 
   int max_world_size() const {
     return world_sizes.empty() ? 0 : *std::max_element(world_sizes.begin(), world_sizes.end());
@@ -127,9 +129,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 inline constexpr milliseconds kCallLimit{20000};
-inline constexpr int kBackToBackCalls = 10000;
-inline constexpr int kGraphReplays = 100;
-// The inputs change every kGraphReplays / kGraphInputSets replays.
+// The inputs change every graph_replays / kGraphInputSets replays.
 inline constexpr int kGraphInputSets = 4;
 
 struct RankBuffers {
@@ -527,7 +527,7 @@ class GroupRunner {
       args[k] = group_args(ck, sweep_inputs());
     }
     const std::string name =
-        std::to_string(kBackToBackCalls) + " back-to-back calls of " + c.name();
+        std::to_string(suite_.back_to_back_calls) + " back-to-back calls of " + c.name();
     cudaError_t e = cudaSuccess;
     for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
       e = clear_outputs(args[0][r], c, group_.stream(r));
@@ -536,7 +536,7 @@ class GroupRunner {
       return;
     }
     watchdog_.arm(name, seconds(300));
-    for (int i = 0; i < kBackToBackCalls; ++i) {
+    for (int i = 0; i < suite_.back_to_back_calls; ++i) {
       std::string error;
       const int k = (i % 2) + 2 * ((i / 2) % 2);
       const std::int32_t status = group_.run(args[k], &error);
@@ -549,15 +549,16 @@ class GroupRunner {
     }
     wait_or_exit(name, milliseconds(240000));
     watchdog_.disarm();
-    const int last = ((kBackToBackCalls - 1) % 2) + 2 * (((kBackToBackCalls - 1) / 2) % 2);
+    const int last =
+        ((suite_.back_to_back_calls - 1) % 2) + 2 * (((suite_.back_to_back_calls - 1) / 2) % 2);
     parallel_for(static_cast<std::size_t>(world_size()), [&](std::size_t r) {
       compare_device_outputs(args[last][r], c, *golden, staging(static_cast<int>(r)),
                              name + ", rank " + std::to_string(r) + " vs a lone call");
     });
   }
 
-  // Each rank's call captured into its own graph, replayed kGraphReplays
-  // times; the inputs change between replays (same device buffers).
+  // Each rank's call captured into its own graph, replayed
+  // suite_.graph_replays times; the inputs change between replays (same device buffers).
   void graph_replays() {
     Call c = base_call();
     c.variant = kResidualRmsnormFp8;  // with norm_out
@@ -596,8 +597,8 @@ class GroupRunner {
       bool ok = ARBITER_CHECK(capture_error.empty(), name, "capture: " << capture_error) &&
                 ARBITER_CHECK(status == ARBITER_OK, name,
                               "run during capture: status " << status << ": " << error);
-      const int per_set = kGraphReplays / kGraphInputSets;
-      for (int i = 0; i < kGraphReplays && ok; ++i) {
+      const int per_set = suite_.graph_replays / kGraphInputSets;
+      for (int i = 0; i < suite_.graph_replays && ok; ++i) {
         const int set = std::min(i / per_set, kGraphInputSets - 1);
         cudaError_t e = cudaSuccess;
         if (i % per_set == 0 && i / per_set < kGraphInputSets) {
@@ -611,7 +612,7 @@ class GroupRunner {
         if (e == cudaSuccess) e = graphs.launch();
         ok = ARBITER_CHECK(e == cudaSuccess, name, "replay " << i << ": " << cudaGetErrorString(e));
         if (ok) ++stats_.graph_replays;
-        const bool last_of_set = (i + 1) % per_set == 0 || i + 1 == kGraphReplays;
+        const bool last_of_set = (i + 1) % per_set == 0 || i + 1 == suite_.graph_replays;
         if (!ok || !last_of_set) continue;
         const std::string context =
             name + ", replay " + std::to_string(i) + ", input set " + std::to_string(set);
@@ -819,9 +820,31 @@ inline bool check_probe(const FusedSuite& suite, const arbiter_backend_v1_t& api
   return true;
 }
 
+// ARBITER_GPU_SUITE=small: a suite short enough for compute-sanitizer
+// (scripts/device-check.sh): world sizes 2 and 8 (those the suite has),
+// bf16, the first two hidden sizes with 7 and 20 tokens (two-shot refused
+// and run at 8 ranks), 50 back-to-back calls, 8 graph replays.
+inline FusedSuite small_if_asked(FusedSuite suite) {
+  const char* mode = std::getenv("ARBITER_GPU_SUITE");
+  if (mode == nullptr || std::string(mode) != "small") return suite;
+  std::vector<int> sizes;
+  for (int w : suite.world_sizes) {
+    if (w == 2 || w == 8) sizes.push_back(w);
+  }
+  suite.world_sizes = sizes;
+  suite.dtypes = {ARBITER_DTYPE_BF16};
+  if (suite.hiddens.size() > 2) suite.hiddens.resize(2);
+  suite.token_counts = {7, 20};
+  suite.back_to_back_calls = 50;
+  suite.graph_replays = 2 * kGraphInputSets;
+  std::printf("%s: small suite (ARBITER_GPU_SUITE=small)\n", suite.test_name.c_str());
+  return suite;
+}
+
 // The whole suite on device 0; returns main()'s exit code. Call
 // prepare_loopback_environment() first thing in main(), before this.
-inline int run_fused_suite(const FusedSuite& suite) {
+inline int run_fused_suite(const FusedSuite& full) {
+  const FusedSuite suite = small_if_asked(full);
   test_name() = suite.test_name;
   require_device_or_skip();
   const auto start = std::chrono::steady_clock::now();

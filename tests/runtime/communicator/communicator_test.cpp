@@ -87,3 +87,15 @@ BOOST_AUTO_TEST_CASE(ranks_with_different_tables_are_refused) {
   }
   BOOST_TEST(contains(r.output, "ARBITER_CONFIG and ARBITER_BACKENDS"), r.output);
 }
+
+// The multi-process GPU tests' switch (README, "Multi-process GPU tests")
+// must never reach a real job: every rank refuses to create a communicator.
+BOOST_AUTO_TEST_CASE(the_shared_gpu_test_switch_is_refused_outside_the_tests) {
+  const CommandResult r = run_command(
+      std::string("env -u ARBITER_CONFIG -u ARBITER_BACKENDS ARBITER_TEST_SHARED_GPU=1 ") +
+      ARBITER_BIN + " launch --nproc 2 --timeout 120 -- " + COMMUNICATOR_RANK_BIN + " sizes");
+  BOOST_TEST(r.exit_code != 0, r.output);
+  BOOST_TEST(contains(r.output, "ARBITER_TEST_SHARED_GPU is set"), r.output);
+  BOOST_TEST(contains(r.output, "refused outside them; unset it"), r.output);
+  BOOST_TEST(!contains(r.output, ": OK"), r.output);
+}

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,16 @@ struct RankHello {
   std::uint64_t message_capacity;
   std::uint64_t total_bytes;
 };
+
+// ARBITER_TEST_SHARED_GPU=1: arbiter's multi-process GPU tests run every
+// rank on GPU 0 (README, "Multi-process GPU tests"), so a module accepts
+// ranks of different processes on one GPU; their kernels then take turns in
+// time slices, correct but slow. Never for a real job: the runtime refuses
+// to create a communicator while it is set.
+inline bool test_shared_gpu() {
+  const char* value = std::getenv("ARBITER_TEST_SHARED_GPU");
+  return value != nullptr && value[0] == '1' && value[1] == '\0';
+}
 
 inline RankHello identify_rank(std::uint32_t magic, int device) {
   RankHello h{};

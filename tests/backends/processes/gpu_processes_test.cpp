@@ -1,0 +1,427 @@
+// A GPU module with one rank per process: what the loopback suites (every
+// rank in one process) cannot reach. trtllm maps its peers through CUDA IPC
+// handles, mnnvl exchanges POSIX file descriptors, maps them with the VMM
+// API and probes multicast, nccl runs a real multi-process communicator.
+// Every dtype and pattern the module offers, one-shot and two-shot (nccl:
+// native), is checked against the fp64 reference on every rank, and every
+// rank must hold the same bits.
+//
+//   backends_gpu_processes_test --backend NAME [--ranks N]
+//       forks N rank processes (default 2) that meet through shared memory;
+//   arbiter launch --nproc N -- backends_gpu_processes_test --backend NAME
+//       this process is the rank RANK of WORLD_SIZE and meets the others
+//       through the UCX bootstrap (builds with the runtime only).
+//
+// Rank r uses GPU LOCAL_RANK (r when forked). ARBITER_TEST_SHARED_GPU=1 puts
+// every rank on GPU 0 (README, "Multi-process GPU tests"): kernels of
+// different processes then share the GPU by time slices, slowly but
+// correctly; nccl refuses two ranks on one GPU, mnnvl needs multicast, and
+// each then skips with the module's reason.
+//
+// Exit: 0 passed, 1 failed, 77 skipped with the reason. No Boost.
+#include <cuda_runtime_api.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/nvfp4.h"
+#include "arbiter/common/reference.h"
+#include "arbiter_backend.h"
+#include "fork_ranks.h"
+#include "fused_inputs.h"
+#include "gpu_check.h"
+#include "module.h"
+#ifdef ARBITER_TEST_HAVE_BOOTSTRAP
+#include "arbiter/bootstrap.h"
+#endif
+
+namespace {
+
+using arbiter::test::Bytes;
+namespace common = arbiter::common;
+
+constexpr std::int64_t kTimeoutMs = 120000;
+constexpr std::uint32_t kMaxTokens = 64;
+constexpr std::uint32_t kMaxHidden = 4096;
+constexpr float kEps = 1e-6f;
+constexpr const char* kSkip = "skip: ";
+
+struct Options {
+  std::string backend;
+  int ranks = 2;
+};
+
+bool shared_gpu() {
+  const char* v = std::getenv("ARBITER_TEST_SHARED_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+std::string skip(const std::string& why) { return kSkip + why; }
+
+// Device memory freed with the scope.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(std::size_t bytes) {
+    if (bytes != 0 && cudaMalloc(&p_, bytes) != cudaSuccess) p_ = nullptr;
+  }
+  ~DeviceMemory() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// One call, as every rank makes it.
+struct Case {
+  arbiter_dtype dtype;
+  arbiter_pattern pattern;
+  arbiter_algorithm algorithm;
+  std::uint32_t tokens;
+  std::uint32_t hidden;
+  bool allreduce_out;  // norm patterns: also the sum
+
+  std::string name() const {
+    return "dtype " + std::to_string(dtype) + " pattern " + std::to_string(pattern) +
+           " algorithm " + std::to_string(algorithm) + " tokens " + std::to_string(tokens) +
+           " hidden " + std::to_string(hidden) + (allreduce_out ? " +allreduce_out" : "");
+  }
+  std::size_t elements() const { return std::size_t{tokens} * hidden; }
+  std::size_t bytes() const { return elements() * common::dtype_size(dtype); }
+  bool norm() const { return pattern != ARBITER_PATTERN_ALLREDUCE; }
+  bool fp8() const { return pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8; }
+  bool fp4() const { return pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4; }
+  float scale() const { return fp4() ? 512.0f : 0.008f; }
+  std::size_t quant_bytes() const { return fp4() ? elements() / 2 : elements(); }
+  std::size_t scale_bytes() const {
+    return common::swizzled_128x4_bytes(tokens, common::nvfp4_blocks_per_row(hidden));
+  }
+};
+
+std::uint32_t seed_of(const Case& c) { return 1000u * c.dtype + 100u * c.pattern + c.tokens; }
+
+Bytes input_of(const Case& c, int rank) {
+  return arbiter::test::random_elements(c.elements(), c.dtype, -1.0f, 1.0f,
+                                        seed_of(c) + 7u * static_cast<std::uint32_t>(rank), rank);
+}
+
+// What one rank's call wrote, downloaded.
+struct Outputs {
+  Bytes allreduce_out, residual_out, norm_out, quant_out, scale_out;
+};
+
+std::uint64_t fnv1a(std::uint64_t h, const Bytes& bytes) {
+  for (std::uint8_t b : bytes) h = (h ^ b) * 0x100000001B3ull;
+  return h;
+}
+
+// Polls `stream` until done or `limit`; a kernel waiting for a peer that
+// never comes shows up here, not as a hung test.
+std::string wait(cudaStream_t stream, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return "";
+    if (e != cudaErrorNotReady) return std::string("CUDA: ") + cudaGetErrorString(e);
+    if (std::chrono::steady_clock::now() > deadline) return "the kernel did not finish in time";
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// Runs `c` on this rank; checks the outputs against the reference over
+// every rank's input. Returns "" or what is wrong; `hash` gets the output bits.
+std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, const Case& c,
+                     int rank, int world_size, cudaStream_t stream, std::uint64_t* hash) {
+  const Bytes input = input_of(c, rank);
+  const Bytes residual =
+      arbiter::test::random_elements(c.elements(), c.dtype, -1.0f, 1.0f, seed_of(c) + 999u, -1);
+  const Bytes gamma = arbiter::test::random_elements(c.hidden, c.dtype, 0.5f, 1.5f, 77u, -1);
+  const float scale = c.scale();
+  DeviceMemory d_input(c.bytes()), d_residual(c.bytes()), d_gamma(gamma.size()), d_sum(c.bytes()),
+      d_residual_out(c.bytes()), d_norm(c.bytes()), d_quant(c.elements()),
+      d_scales(c.scale_bytes()), d_scale(sizeof(float));
+  for (const DeviceMemory* m : {&d_input, &d_residual, &d_gamma, &d_sum, &d_residual_out, &d_norm,
+                                &d_quant, &d_scales, &d_scale}) {
+    if (m->get() == nullptr) return "cudaMalloc failed";
+  }
+  cudaMemcpy(d_input.get(), input.data(), input.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_residual.get(), residual.data(), residual.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_gamma.get(), gamma.data(), gamma.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_scale.get(), &scale, sizeof scale, cudaMemcpyHostToDevice);
+  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    return std::string("upload: ") + cudaGetErrorString(e);
+  }
+
+  arbiter_allreduce_args a{};
+  a.pattern = c.pattern;
+  a.dtype = c.dtype;
+  a.algorithm = c.algorithm;
+  a.tokens = c.tokens;
+  a.hidden = c.hidden;
+  a.input = d_input.get();
+  a.allreduce_out = !c.norm() || c.allreduce_out ? d_sum.get() : nullptr;
+  if (c.norm()) {
+    a.residual_in = d_residual.get();
+    a.residual_out = d_residual_out.get();
+    a.gamma = d_gamma.get();
+    a.eps = kEps;
+    a.norm_out = d_norm.get();
+  }
+  if (c.fp8() || c.fp4()) {
+    a.quant_out = d_quant.get();
+    a.scale = static_cast<const float*>(d_scale.get());
+  }
+  if (c.fp4()) a.scale_out = d_scales.get();
+  if (const std::int32_t s = api.run(ws, &a, stream); s != ARBITER_OK) {
+    return "run: status " + std::to_string(s) + ": " + api.last_error();
+  }
+  if (std::string e = wait(stream, std::chrono::milliseconds(kTimeoutMs)); !e.empty()) return e;
+
+  Outputs out;
+  auto download = [](const void* from, std::size_t bytes) {
+    Bytes b(bytes);
+    cudaMemcpy(b.data(), from, bytes, cudaMemcpyDeviceToHost);
+    return b;
+  };
+  if (a.allreduce_out) out.allreduce_out = download(a.allreduce_out, c.bytes());
+  if (c.norm()) {
+    out.residual_out = download(a.residual_out, c.bytes());
+    out.norm_out = download(a.norm_out, c.bytes());
+  }
+  if (a.quant_out) out.quant_out = download(a.quant_out, c.quant_bytes());
+  if (a.scale_out) out.scale_out = download(a.scale_out, c.scale_bytes());
+
+  std::vector<Bytes> inputs;
+  common::ReferenceCase rc;
+  rc.pattern = c.pattern;
+  rc.dtype = c.dtype;
+  rc.tokens = c.tokens;
+  rc.hidden = c.hidden;
+  for (int r = 0; r < world_size; ++r) inputs.push_back(input_of(c, r));
+  for (const Bytes& in : inputs) rc.inputs.push_back(in.data());
+  rc.residual_in = residual.data();
+  rc.gamma = gamma.data();
+  rc.eps = kEps;
+  rc.scale = scale;
+  const common::ReferenceOutputs ref = common::compute_reference(rc);
+  std::string e;
+  if (!out.allreduce_out.empty()) {
+    e = common::check_output(out.allreduce_out.data(), c.dtype, ref.sum, ref.sum_bound, c.hidden,
+                             "allreduce_out");
+  }
+  if (e.empty() && c.norm()) {
+    e = common::check_output(out.residual_out.data(), c.dtype, ref.residual, ref.residual_bound,
+                             c.hidden, "residual_out");
+  }
+  if (e.empty() && c.norm()) {
+    e = common::check_output(out.norm_out.data(), c.dtype, ref.norm, ref.norm_bound, c.hidden,
+                             "norm_out");
+  }
+  if (e.empty() && c.fp8()) e = common::check_fp8(out.quant_out.data(), ref, scale, c.hidden);
+  if (e.empty() && c.fp4()) {
+    e = common::check_nvfp4(out.quant_out.data(), out.scale_out.data(), rc, ref);
+  }
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (const Bytes* b :
+       {&out.allreduce_out, &out.residual_out, &out.norm_out, &out.quant_out, &out.scale_out}) {
+    h = fnv1a(h, *b);
+  }
+  *hash = h;
+  return e;
+}
+
+// Whether the module on this machine cannot do what the test asks, for a
+// reason it names the same on every rank (then the case is a skip).
+bool expected_refusal(const std::string& backend, std::int32_t status, const std::string& error) {
+  if (backend == "nccl") return shared_gpu();  // NCCL refuses two ranks on one GPU
+  if (backend == "mnnvl") {
+    // No multicast here (a single H200): mnnvl must say so, on every rank.
+    std::string lower = error;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return (status == ARBITER_UNAVAILABLE || status == ARBITER_UNSUPPORTED) &&
+           lower.find("multicast") != std::string::npos;
+  }
+  return false;
+}
+
+// One rank: every case of every dtype, each in its own workspace per dtype.
+std::string rank_body(const Options& o, int rank, int world_size, int local_rank,
+                      const arbiter_oob& oob) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    return skip("no CUDA device");
+  }
+  const int device = shared_gpu() ? 0 : local_rank;
+  if (device >= devices) {
+    return skip(std::to_string(world_size) + " ranks need " + std::to_string(world_size) +
+                " GPUs, this machine has " + std::to_string(devices) +
+                "; ARBITER_TEST_SHARED_GPU=1 runs them all on GPU 0");
+  }
+  if (cudaSetDevice(device) != cudaSuccess) return "cudaSetDevice failed";
+  const arbiter::test::BackendModule module(o.backend);
+  if (module.api() == nullptr) return module.path() + ": " + module.error();
+  const arbiter_backend_v1_t& api = *module.api();
+  arbiter_probe_args probe{ARBITER_DEVICE_GPU, device};
+  arbiter_backend_caps caps{};
+  if (api.probe(&probe, &caps) != ARBITER_OK) return skip(o.backend + ": " + api.last_error());
+  if (((caps.world_size_mask >> world_size) & 1u) == 0) {
+    return skip(o.backend + " does not take world size " + std::to_string(world_size));
+  }
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    return "cudaStreamCreate failed";
+  }
+  std::vector<arbiter_algorithm> algorithms;
+  for (arbiter_algorithm al :
+       {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
+    if ((caps.algorithm_mask >> al) & 1u) algorithms.push_back(al);
+  }
+  int ran = 0;
+  for (arbiter_dtype dtype : {ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16, ARBITER_DTYPE_FP32}) {
+    arbiter_workspace_spec spec{};
+    spec.world_size = world_size;
+    spec.rank = rank;
+    spec.device = device;
+    spec.nodes = 1;
+    spec.max_tokens = kMaxTokens;
+    spec.hidden = kMaxHidden;
+    spec.dtype = dtype;
+    spec.pattern_mask = caps.pattern_mask;
+    spec.max_message_bytes = std::uint64_t{kMaxTokens} * kMaxHidden * common::dtype_size(dtype);
+    spec.timeout_ms = kTimeoutMs;
+    arbiter_workspace* ws = nullptr;
+    if (const std::int32_t s = api.workspace_create(&oob, &spec, &ws); s != ARBITER_OK) {
+      const std::string error = api.last_error();
+      cudaStreamDestroy(stream);
+      if (expected_refusal(o.backend, s, error)) return skip(o.backend + ": " + error);
+      return "workspace_create (dtype " + std::to_string(dtype) + "): status " + std::to_string(s) +
+             ": " + error;
+    }
+    std::string problem;
+    for (arbiter_pattern pattern :
+         {ARBITER_PATTERN_ALLREDUCE, ARBITER_PATTERN_RESIDUAL_RMSNORM,
+          ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8, ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4}) {
+      if (((caps.pattern_mask >> pattern) & 1u) == 0) continue;
+      if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4 && dtype == ARBITER_DTYPE_FP32) continue;
+      for (arbiter_algorithm algorithm : algorithms) {
+        for (std::uint32_t tokens : {1u, 5u, 33u}) {
+          if (algorithm == ARBITER_ALGORITHM_TWOSHOT && tokens < std::uint32_t(world_size))
+            continue;
+          for (std::uint32_t hidden : {1024u, 2880u}) {
+            const Case c{dtype, pattern, algorithm, tokens, hidden, (tokens + hidden) % 3 == 0};
+            std::uint64_t hash = 0;
+            problem = run_case(api, ws, c, rank, world_size, stream, &hash);
+            std::vector<std::uint64_t> all(world_size);
+            if (problem.empty() &&
+                oob.allgather(oob.ctx, &hash, all.data(), sizeof hash, kTimeoutMs) != ARBITER_OK) {
+              problem = std::string("oob allgather: ") + oob.last_error(oob.ctx);
+            }
+            for (int r = 1; problem.empty() && r < world_size; ++r) {
+              if (all[r] != all[0]) problem = "rank " + std::to_string(r) + "'s bits differ";
+            }
+            if (!problem.empty()) {
+              problem = c.name() + ": " + problem;
+              break;
+            }
+            ++ran;
+          }
+          if (!problem.empty()) break;
+        }
+        if (!problem.empty()) break;
+      }
+      if (!problem.empty()) break;
+    }
+    // A failed call may have left peers' kernels waiting: exit without the
+    // collective teardown, the parent (or launcher) collects the result.
+    if (!problem.empty()) return problem;
+    api.workspace_destroy(ws);
+  }
+  cudaStreamDestroy(stream);
+  std::printf("%s rank %d of %d (GPU %d): %d cases passed\n", o.backend.c_str(), rank, world_size,
+              device, ran);
+  std::fflush(stdout);
+  return "";
+}
+
+// `results` of ranks first_rank, first_rank + 1, ...: exit code and lines.
+int report(const Options& o, int world_size, const std::vector<std::string>& results,
+           int first_rank = 0) {
+  int failed = 0;
+  int skipped = 0;
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    if (results[r].empty()) continue;
+    if (results[r].rfind(kSkip, 0) == 0) {
+      ++skipped;
+      std::printf("%s, %d processes, rank %zu: %s\n", o.backend.c_str(), world_size, r + first_rank,
+                  results[r].c_str());
+    } else {
+      ++failed;
+      std::printf("FAIL %s, %d processes, rank %zu: %s\n", o.backend.c_str(), world_size,
+                  r + first_rank, results[r].c_str());
+    }
+  }
+  std::fflush(stdout);
+  if (failed != 0) return 1;
+  if (skipped == static_cast<int>(results.size())) return arbiter::test::kSkipExitCode;
+  if (skipped != 0) {
+    std::printf("FAIL %s: some ranks skipped and others ran\n", o.backend.c_str());
+    return 1;
+  }
+  std::printf("%s, %d processes: passed\n", o.backend.c_str(), world_size);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--backend" && i + 1 < argc) {
+      o.backend = argv[++i];
+    } else if (arg == "--ranks" && i + 1 < argc) {
+      o.ranks = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s --backend trtllm|mnnvl|nccl [--ranks N]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (o.backend.empty() || o.ranks < 2 || o.ranks > 16) {
+    std::fprintf(stderr, "%s: --backend is required and --ranks must be in 2..16\n", argv[0]);
+    return 2;
+  }
+  if (std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
+#ifdef ARBITER_TEST_HAVE_BOOTSTRAP
+    try {
+      arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
+      const std::string result =
+          rank_body(o, boot.rank(), boot.world_size(), boot.local_rank(), *boot.oob());
+      std::vector<std::string> one{result};
+      return report(o, boot.world_size(), one, boot.rank());
+    } catch (const std::exception& e) {
+      std::printf("FAIL %s: %s\n", o.backend.c_str(), e.what());
+      return 1;
+    }
+#else
+    std::fprintf(stderr, "%s: built without the runtime: no UCX bootstrap under a launcher\n",
+                 argv[0]);
+    return 2;
+#endif
+  }
+  // The parent touches no CUDA before fork: each rank initialises its own.
+  const std::vector<std::string> results = arbiter::test::run_ranks(
+      o.ranks, std::chrono::seconds(600),
+      [&](int rank, const arbiter_oob& oob) { return rank_body(o, rank, o.ranks, rank, oob); });
+  return report(o, o.ranks, results);
+}
