@@ -41,6 +41,13 @@ foreach(backend IN LISTS arbiter_process_backends)
       LABELS "gpu;gpu_processes" TIMEOUT 600 SKIP_RETURN_CODE 77
       ENVIRONMENT "ARBITER_TEST_SHARED_GPU=1")
   endforeach()
+  if(NOT backend STREQUAL "nccl")
+    set(name backends_gpu_processes_${backend}_lonely)
+    add_test(NAME ${name} COMMAND backends_gpu_processes_test --backend ${backend} --lonely)
+    set_tests_properties(${name} PROPERTIES
+      LABELS "gpu;gpu_processes" TIMEOUT 300 SKIP_RETURN_CODE 77
+      ENVIRONMENT "ARBITER_TEST_SHARED_GPU=1")
+  endif()
   if(TARGET arbiter AND TARGET arbiter::runtime)
     set(name backends_gpu_processes_${backend}_launch_2)
     add_test(NAME ${name}

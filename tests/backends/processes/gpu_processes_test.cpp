@@ -8,6 +8,9 @@
 //
 //   backends_gpu_processes_test --backend NAME [--ranks N]
 //       forks N rank processes (default 2) that meet through shared memory;
+//   backends_gpu_processes_test --backend NAME --lonely
+//       two ranks, rank 1 never calls: rank 0's kernel must give up after
+//       the kernel timeout and print which module and peer it waited for;
 //   arbiter launch --nproc N -- backends_gpu_processes_test --backend NAME
 //       this process is the rank RANK of WORLD_SIZE and meets the others
 //       through the UCX bootstrap (builds with the runtime only).
@@ -20,6 +23,7 @@
 //
 // Exit: 0 passed, 1 failed, 77 skipped with the reason. No Boost.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
@@ -27,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +62,7 @@ constexpr const char* kSkip = "skip: ";
 struct Options {
   std::string backend;
   int ranks = 2;
+  bool lonely = false;  // rank 1 never calls: rank 0 must time out, naming its module
 };
 
 bool shared_gpu() {
@@ -255,33 +261,86 @@ bool expected_refusal(const std::string& backend, std::int32_t status, const std
   return false;
 }
 
+// What every rank sets up first: its GPU, the module, what it offers, a
+// stream. `outcome` is "" when ready, else a skip or a failure.
+struct RankSetup {
+  int device = 0;
+  std::unique_ptr<arbiter::test::BackendModule> module;
+  arbiter_backend_caps caps{};
+  cudaStream_t stream = nullptr;
+  std::string outcome;
+
+  const arbiter_backend_v1_t& api() const { return *module->api(); }
+  ~RankSetup() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+void set_up(const Options& o, int world_size, int local_rank, RankSetup& r) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    r.outcome = skip("no CUDA device");
+    return;
+  }
+  r.device = shared_gpu() ? 0 : local_rank;
+  if (r.device >= devices) {
+    r.outcome = skip(std::to_string(world_size) + " ranks need " + std::to_string(world_size) +
+                     " GPUs, this machine has " + std::to_string(devices) +
+                     "; ARBITER_TEST_SHARED_GPU=1 runs them all on GPU 0");
+    return;
+  }
+  if (cudaSetDevice(r.device) != cudaSuccess) {
+    r.outcome = "cudaSetDevice failed";
+    return;
+  }
+  r.module = std::make_unique<arbiter::test::BackendModule>(o.backend);
+  if (r.module->api() == nullptr) {
+    r.outcome = r.module->path() + ": " + r.module->error();
+    return;
+  }
+  arbiter_probe_args probe{ARBITER_DEVICE_GPU, r.device};
+  if (r.api().probe(&probe, &r.caps) != ARBITER_OK) {
+    r.outcome = skip(o.backend + ": " + r.api().last_error());
+  } else if (((r.caps.world_size_mask >> world_size) & 1u) == 0) {
+    r.outcome = skip(o.backend + " does not take world size " + std::to_string(world_size));
+  } else if (cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking) != cudaSuccess) {
+    r.outcome = "cudaStreamCreate failed";
+  }
+}
+
+// Creates this rank's workspace for `dtype`; "" or a skip or a failure.
+std::string create(const Options& o, const RankSetup& r, const arbiter_oob& oob,
+                   arbiter_dtype dtype, arbiter_workspace** ws) {
+  arbiter_workspace_spec spec{};
+  spec.world_size = oob.size;
+  spec.rank = oob.rank;
+  spec.device = r.device;
+  spec.nodes = 1;
+  spec.max_tokens = kMaxTokens;
+  spec.hidden = kMaxHidden;
+  spec.dtype = dtype;
+  spec.pattern_mask = r.caps.pattern_mask;
+  spec.max_message_bytes = std::uint64_t{kMaxTokens} * kMaxHidden * common::dtype_size(dtype);
+  spec.timeout_ms = kTimeoutMs;
+  if (const std::int32_t s = r.api().workspace_create(&oob, &spec, ws); s != ARBITER_OK) {
+    const std::string error = r.api().last_error();
+    if (expected_refusal(o.backend, s, error)) return skip(o.backend + ": " + error);
+    return "workspace_create (dtype " + std::to_string(dtype) + "): status " + std::to_string(s) +
+           ": " + error;
+  }
+  return "";
+}
+
 // One rank: every case of every dtype, each in its own workspace per dtype.
 std::string rank_body(const Options& o, int rank, int world_size, int local_rank,
                       const arbiter_oob& oob) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    return skip("no CUDA device");
-  }
-  const int device = shared_gpu() ? 0 : local_rank;
-  if (device >= devices) {
-    return skip(std::to_string(world_size) + " ranks need " + std::to_string(world_size) +
-                " GPUs, this machine has " + std::to_string(devices) +
-                "; ARBITER_TEST_SHARED_GPU=1 runs them all on GPU 0");
-  }
-  if (cudaSetDevice(device) != cudaSuccess) return "cudaSetDevice failed";
-  const arbiter::test::BackendModule module(o.backend);
-  if (module.api() == nullptr) return module.path() + ": " + module.error();
-  const arbiter_backend_v1_t& api = *module.api();
-  arbiter_probe_args probe{ARBITER_DEVICE_GPU, device};
-  arbiter_backend_caps caps{};
-  if (api.probe(&probe, &caps) != ARBITER_OK) return skip(o.backend + ": " + api.last_error());
-  if (((caps.world_size_mask >> world_size) & 1u) == 0) {
-    return skip(o.backend + " does not take world size " + std::to_string(world_size));
-  }
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    return "cudaStreamCreate failed";
-  }
+  RankSetup setup;
+  set_up(o, world_size, local_rank, setup);
+  if (!setup.outcome.empty()) return setup.outcome;
+  const arbiter_backend_v1_t& api = setup.api();
+  const arbiter_backend_caps& caps = setup.caps;
+  const cudaStream_t stream = setup.stream;
+  const int device = setup.device;
   std::vector<arbiter_algorithm> algorithms;
   for (arbiter_algorithm al :
        {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
@@ -289,25 +348,8 @@ std::string rank_body(const Options& o, int rank, int world_size, int local_rank
   }
   int ran = 0;
   for (arbiter_dtype dtype : {ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16, ARBITER_DTYPE_FP32}) {
-    arbiter_workspace_spec spec{};
-    spec.world_size = world_size;
-    spec.rank = rank;
-    spec.device = device;
-    spec.nodes = 1;
-    spec.max_tokens = kMaxTokens;
-    spec.hidden = kMaxHidden;
-    spec.dtype = dtype;
-    spec.pattern_mask = caps.pattern_mask;
-    spec.max_message_bytes = std::uint64_t{kMaxTokens} * kMaxHidden * common::dtype_size(dtype);
-    spec.timeout_ms = kTimeoutMs;
     arbiter_workspace* ws = nullptr;
-    if (const std::int32_t s = api.workspace_create(&oob, &spec, &ws); s != ARBITER_OK) {
-      const std::string error = api.last_error();
-      cudaStreamDestroy(stream);
-      if (expected_refusal(o.backend, s, error)) return skip(o.backend + ": " + error);
-      return "workspace_create (dtype " + std::to_string(dtype) + "): status " + std::to_string(s) +
-             ": " + error;
-    }
+    if (std::string e = create(o, setup, oob, dtype, &ws); !e.empty()) return e;
     std::string problem;
     for (arbiter_pattern pattern :
          {ARBITER_PATTERN_ALLREDUCE, ARBITER_PATTERN_RESIDUAL_RMSNORM,
@@ -347,11 +389,75 @@ std::string rank_body(const Options& o, int rank, int world_size, int local_rank
     if (!problem.empty()) return problem;
     api.workspace_destroy(ws);
   }
-  cudaStreamDestroy(stream);
   std::printf("%s rank %d of %d (GPU %d): %d cases passed\n", o.backend.c_str(), rank, world_size,
               device, ran);
   std::fflush(stdout);
   return "";
+}
+
+// Rank 1 creates its workspace and never calls: rank 0's kernel must give
+// up after the kernel timeout (3 s here) with a CUDA error, having printed
+// which module and which peer it waited for (device_ops.cuh, Spin).
+std::string lonely_body(const Options& o, int rank, int local_rank, const arbiter_oob& oob) {
+  setenv("ARBITER_KERNEL_TIMEOUT_MS", "3000", 1);
+  RankSetup setup;
+  set_up(o, 2, local_rank, setup);
+  if (!setup.outcome.empty()) return setup.outcome;
+  if (o.backend == "nccl") return skip("nccl's kernels do not wait for peers");
+  arbiter_workspace* ws = nullptr;
+  if (std::string e = create(o, setup, oob, ARBITER_DTYPE_BF16, &ws); !e.empty()) return e;
+  std::string problem;
+  if (rank == 0) {
+    // Device printf goes to stdout: into a file for the length of the call.
+    char path[] = "/tmp/arbiter-lonely-XXXXXX";
+    const int file = mkstemp(path);
+    std::fflush(stdout);
+    const int saved = dup(STDOUT_FILENO);
+    if (file < 0 || saved < 0 || dup2(file, STDOUT_FILENO) < 0) return "redirecting stdout failed";
+    const Case c{
+        ARBITER_DTYPE_BF16, ARBITER_PATTERN_ALLREDUCE, ARBITER_ALGORITHM_ONESHOT, 1, 1024, false};
+    DeviceMemory in(c.bytes()), out(c.bytes());
+    arbiter_allreduce_args a{};
+    a.pattern = c.pattern;
+    a.dtype = c.dtype;
+    a.algorithm = c.algorithm;
+    a.tokens = c.tokens;
+    a.hidden = c.hidden;
+    a.input = in.get();
+    a.allreduce_out = out.get();
+    const std::int32_t status = setup.api().run(ws, &a, setup.stream);
+    const std::string waited =
+        status == ARBITER_OK ? wait(setup.stream, std::chrono::milliseconds(60000)) : "";
+    std::fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    std::string printed;
+    char buffer[4096];
+    for (ssize_t n;
+         (n = pread(file, buffer, sizeof buffer, static_cast<off_t>(printed.size()))) > 0;) {
+      printed.append(buffer, static_cast<std::size_t>(n));
+    }
+    close(file);
+    unlink(path);
+    const std::string expected = "arbiter " + o.backend + ": rank 0 waited over 3000 ms for rank 1";
+    if (status != ARBITER_OK) {
+      problem = "run: status " + std::to_string(status) + ": " + setup.api().last_error();
+    } else if (waited.empty() || waited == "the kernel did not finish in time") {
+      problem = "the kernel did not give up on the missing rank: " +
+                (waited.empty() ? std::string("it finished") : waited);
+    } else if (printed.find(expected) == std::string::npos) {
+      problem = "the kernel failed (" + waited + ") without printing \"" + expected +
+                "...\"; it printed: \"" + printed + "\"";
+    } else {
+      std::printf("%s: rank 0 gave up as expected: %s", o.backend.c_str(), printed.c_str());
+    }
+  }
+  // Rank 1 stays until rank 0 is done. The context of rank 0 is lost: no
+  // collective teardown, the processes exit.
+  if (oob.barrier(oob.ctx, kTimeoutMs) != ARBITER_OK && problem.empty() && rank == 1) {
+    problem = std::string("oob barrier: ") + oob.last_error(oob.ctx);
+  }
+  return problem;
 }
 
 // `results` of ranks first_rank, first_rank + 1, ...: exit code and lines.
@@ -392,11 +498,15 @@ int main(int argc, char** argv) {
       o.backend = argv[++i];
     } else if (arg == "--ranks" && i + 1 < argc) {
       o.ranks = std::atoi(argv[++i]);
+    } else if (arg == "--lonely") {
+      o.lonely = true;
     } else {
-      std::fprintf(stderr, "usage: %s --backend trtllm|mnnvl|nccl [--ranks N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --backend trtllm|mnnvl|nccl [--ranks N | --lonely]\n",
+                   argv[0]);
       return 2;
     }
   }
+  if (o.lonely) o.ranks = 2;
   if (o.backend.empty() || o.ranks < 2 || o.ranks > 16) {
     std::fprintf(stderr, "%s: --backend is required and --ranks must be in 2..16\n", argv[0]);
     return 2;
@@ -405,8 +515,13 @@ int main(int argc, char** argv) {
 #ifdef ARBITER_TEST_HAVE_BOOTSTRAP
     try {
       arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
+      if (o.lonely && boot.world_size() != 2) {
+        std::printf("FAIL %s: --lonely needs 2 ranks\n", o.backend.c_str());
+        return 1;
+      }
       const std::string result =
-          rank_body(o, boot.rank(), boot.world_size(), boot.local_rank(), *boot.oob());
+          o.lonely ? lonely_body(o, boot.rank(), boot.local_rank(), *boot.oob())
+                   : rank_body(o, boot.rank(), boot.world_size(), boot.local_rank(), *boot.oob());
       std::vector<std::string> one{result};
       return report(o, boot.world_size(), one, boot.rank());
     } catch (const std::exception& e) {
@@ -421,7 +536,8 @@ int main(int argc, char** argv) {
   }
   // The parent touches no CUDA before fork: each rank initialises its own.
   const std::vector<std::string> results = arbiter::test::run_ranks(
-      o.ranks, std::chrono::seconds(600),
-      [&](int rank, const arbiter_oob& oob) { return rank_body(o, rank, o.ranks, rank, oob); });
+      o.ranks, std::chrono::seconds(600), [&](int rank, const arbiter_oob& oob) {
+        return o.lonely ? lonely_body(o, rank, rank, oob) : rank_body(o, rank, o.ranks, rank, oob);
+      });
   return report(o, o.ranks, results);
 }
