@@ -4,8 +4,8 @@
 // REQUIRES (checked by run() in module.cpp): args valid for the workspace,
 // tokens > 0, message bytes <= max_message_bytes.
 // All three produce bit-identical outputs for the same inputs: the sum is
-// accumulated in fp32 in rank order from sanitised inputs, then the epilogue
-// of arbiter/common/rmsnorm.h runs on it.
+// accumulated in fp32 in rank order (from +0.0, or from sanitised inputs:
+// the same bits), then the epilogue of arbiter/common/rmsnorm.h runs on it.
 #pragma once
 
 #include "arbiter_backend.h"
@@ -14,8 +14,9 @@
 
 namespace arbiter::shm {
 
-// Lamport one-shot: publish into this rank's slot of the current stage, poll
-// every slot until no element is -0.0, sum, epilogue. No barrier at all.
+// One-shot: chunk by chunk, publish into this rank's slot of the call's
+// parity with a sequence number, wait for every peer's, sum, epilogue per
+// token. No barrier, no clearing (oneshot.cpp).
 Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args);
 
 // Two-shot: copy in, barrier, sum this rank's token slice from every rank,

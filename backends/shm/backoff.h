@@ -1,6 +1,9 @@
-// Waiting on another process without starving it: spin briefly, then yield,
-// then sleep in growing steps. CI runs 8 ranks on 2 cores, so a rank that
-// only spins keeps the rank it waits for off the CPU.
+// Waiting on another process without starving it: spin with `pause` for a
+// few microseconds (a peer that is running arrives within them), then give
+// the core away with sched_yield (a peer that is not running gets it), and
+// only a wait past a millisecond sleeps, in short naps: no sleep on the fast
+// path, where a nap costs 50+ us of timer slack. CI runs 8 ranks on 2 cores,
+// so a rank that only spins keeps the rank it waits for off the CPU.
 //
 // Every wait has a deadline and also stops when any rank has declared the
 // workspace failed (a word in the shared mapping), so one stuck rank makes
@@ -29,34 +32,44 @@ class Backoff {
 
   // Call after each poll that found nothing new.
   WaitState pause() {
-    ++polls_;
-    if (polls_ <= kSpinPolls) {
+    if (phase_ == Phase::kSpin) {
       cpu_relax();
-      return WaitState::kKeepWaiting;
+      // The clock, the failure word and the deadline every 64 polls only.
+      if ((++polls_ & 63u) != 0) return WaitState::kKeepWaiting;
     }
     if (std::atomic_ref<std::uint32_t>(*failed_rank_).load(std::memory_order_acquire) != 0) {
       return WaitState::kPeerFailed;
     }
-    if (Clock::now() >= deadline_) return WaitState::kTimedOut;
-    if (polls_ <= kSpinPolls + kYieldPolls) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline_) return WaitState::kTimedOut;
+    if (!started_) {
+      started_ = true;
+      start_ = now;
+    }
+    const auto waited = now - start_;
+    if (phase_ == Phase::kSpin) {
+      if (waited >= kSpinFor) phase_ = Phase::kYield;
+    } else if (phase_ == Phase::kYield) {
       sched_yield();
+      if (waited >= kYieldFor) phase_ = Phase::kNap;
     } else {
-      // 2, 4, ... up to 64 microseconds: short enough to keep latency low
-      // once the peer runs, long enough to hand it the core.
-      const std::uint32_t step = polls_ - kSpinPolls - kYieldPolls;
-      const long micros = step >= 6 ? 64 : (2L << (step - 1));
-      const timespec pause{0, micros * 1000};
-      nanosleep(&pause, nullptr);
+      const timespec nap{0, 50 * 1000};
+      nanosleep(&nap, nullptr);
     }
     return WaitState::kKeepWaiting;
   }
 
   // Call when a poll found progress: the next wait starts with spinning.
-  void progress() { polls_ = 0; }
+  void progress() {
+    polls_ = 0;
+    phase_ = Phase::kSpin;
+    started_ = false;
+  }
 
  private:
-  static constexpr std::uint32_t kSpinPolls = 64;
-  static constexpr std::uint32_t kYieldPolls = 64;
+  enum class Phase { kSpin, kYield, kNap };
+  static constexpr auto kSpinFor = std::chrono::microseconds(20);
+  static constexpr auto kYieldFor = std::chrono::milliseconds(1);
 
   static void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -69,6 +82,9 @@ class Backoff {
   Clock::time_point deadline_;
   std::uint32_t* failed_rank_;
   std::uint32_t polls_ = 0;
+  Phase phase_ = Phase::kSpin;
+  bool started_ = false;
+  Clock::time_point start_;
 };
 
 }  // namespace arbiter::shm

@@ -1,108 +1,112 @@
-// Lamport one-shot over one shared copy of three stages.
+// One-shot over double-buffered slots, chunk by chunk, with sequence numbers.
 //
-// Unlike the GPU kernels, all ranks poll the same stage memory, so a rank
-// cannot clear its slot of the previous stage: a slow peer may still be
-// polling it and would wait forever. Instead each rank resets its slot of the
-// next stage before publishing into the current one. That stage was last
-// used two calls ago, and a rank only starts this call after every rank has
-// published the previous one, so every rank has finished reading the one
-// before. A peer that sees this call's data (acquire) also sees the reset
-// (written before it, release), so nobody reads stale data in the next call.
+// Call n (counted per workspace, the same on every rank) uses parity
+// p = n % 2. Each rank copies chunk k of its input into its slot of parity p
+// and then stores n + 1 into its sequence line for (p, k) with release
+// order; then it waits (acquire) until every peer's line for (p, k) holds
+// n + 1, sums the chunk's tokens over the ranks in rank order into one fp32
+// row and applies the epilogue to each token while the row is in cache.
+//
+// Why a rank may overwrite its slot of parity p in call n: every peer has
+// left call n - 2, the last one that read it. A rank starts call n only
+// after it has seen every peer's data of the previous one-shot call (n - 1),
+// which each peer published after it had finished call n - 2 (or a two-shot
+// call in between has barriers that say as much). So there is no sentinel,
+// no clearing pass and no barrier at the end.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/rmsnorm.h"
-#include "arbiter/common/sentinel.h"
-#include "arbiter/common/stages.h"
 #include "slot_io.h"
 
 namespace arbiter::shm {
 
 namespace {
 
-// Adds rank `peer`'s slot to `sums` (or assigns, for rank 0), waiting for
-// each word until none of its elements is -0.0 any more. The dtype is a
-// template argument so the per-element conversions compile without a switch.
+// row[i] = +0.0 + sum over q of rank q's element i, in rank order. Starting
+// from +0.0 makes an all -0.0 column sum to +0.0, as two-shot's sanitised
+// copies do, so every algorithm gets the same bits.
 template <arbiter_dtype kDtype>
-Status accumulate_slot(Workspace& workspace, Backoff& backoff, std::int32_t peer,
-                       std::uint32_t stage, std::uint64_t bytes, float* sums) {
-  constexpr arbiter_dtype dtype = kDtype;
-  std::byte* slot = workspace.oneshot_slot(stage, peer);
-  const bool first = peer == 0;
-  auto what = [&](std::uint64_t offset) {
-    return "rank " + std::to_string(peer) + "'s one-shot data (stage " + std::to_string(stage) +
-           ", byte " + std::to_string(offset) + " of " + std::to_string(bytes) + ")";
-  };
-  const std::uint64_t words = bytes / 8;
-  float values[4];
-  std::size_t element = 0;
-  for (std::uint64_t w = 0; w < words; ++w) {
-    auto word = shared_word<std::uint64_t>(slot + w * 8);
-    std::uint64_t value = word.load(std::memory_order_acquire);
-    while (common::word_has_negative_zero(value, dtype)) {
-      const WaitState state = backoff.pause();
-      if (state != WaitState::kKeepWaiting) return workspace.wait_failed(state, what(w * 8));
-      value = word.load(std::memory_order_acquire);
-    }
-    backoff.progress();
-    const int lanes = decode_word(value, dtype, values);
-    for (int lane = 0; lane < lanes; ++lane, ++element) {
-      sums[element] = first ? values[lane] : sums[element] + values[lane];
+void sum_row(const std::byte* const* rows, std::int32_t ranks, std::uint32_t hidden, float* row) {
+  using Bits = std::conditional_t<kDtype == ARBITER_DTYPE_FP32, std::uint32_t, std::uint16_t>;
+  for (std::uint32_t i = 0; i < hidden; ++i) row[i] = 0.0f;
+  for (std::int32_t q = 0; q < ranks; ++q) {
+    const auto* values = reinterpret_cast<const Bits*>(rows[q]);
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      row[i] += common::dtype_bits_to_float(values[i], kDtype);
     }
   }
-  const std::size_t element_bytes = common::dtype_size(dtype);
-  for (std::uint64_t offset = words * 8; offset < bytes; offset += element_bytes, ++element) {
-    std::uint32_t bits;
-    for (;;) {
-      bits = element_bytes == 4
-                 ? shared_word<std::uint32_t>(slot + offset).load(std::memory_order_acquire)
-                 : shared_word<std::uint16_t>(slot + offset).load(std::memory_order_acquire);
-      if (!common::is_negative_zero_bits(bits, dtype)) break;
-      const WaitState state = backoff.pause();
-      if (state != WaitState::kKeepWaiting) return workspace.wait_failed(state, what(offset));
-    }
-    const float value = common::dtype_bits_to_float(bits, dtype);
-    sums[element] = first ? value : sums[element] + value;
+}
+
+void sum_row_of(arbiter_dtype dtype, const std::byte* const* rows, std::int32_t ranks,
+                std::uint32_t hidden, float* row) {
+  switch (dtype) {
+    case ARBITER_DTYPE_FP16:
+      return sum_row<ARBITER_DTYPE_FP16>(rows, ranks, hidden, row);
+    case ARBITER_DTYPE_BF16:
+      return sum_row<ARBITER_DTYPE_BF16>(rows, ranks, hidden, row);
+    default:
+      return sum_row<ARBITER_DTYPE_FP32>(rows, ranks, hidden, row);
   }
-  return {};
 }
 
 }  // namespace
 
 Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const arbiter_dtype dtype = workspace.dtype();
-  const std::size_t elements = static_cast<std::size_t>(args.tokens) * args.hidden;
-  const std::uint64_t bytes = elements * common::dtype_size(dtype);
-  const std::uint32_t stage = workspace.stage;
-  const std::uint32_t next = common::next_stage(stage);
+  const std::int32_t ranks = workspace.world_size();
   const std::int32_t rank = workspace.rank();
+  const std::uint32_t hidden = args.hidden;
+  const std::size_t row_bytes = std::size_t{hidden} * common::dtype_size(dtype);
+  const std::size_t chunk_tokens = oneshot_chunk_tokens(row_bytes);
+  const std::uint64_t call = workspace.oneshot_calls++;
+  const auto parity = static_cast<std::uint32_t>(call % 2);
+  const std::uint64_t published = call + 1;
 
-  clear_slot(workspace.oneshot_slot(next, rank), workspace.written_bytes[next], dtype);
-  workspace.written_bytes[next] = 0;
-  write_sanitized(workspace.oneshot_slot(stage, rank), args.input, bytes, dtype);
-  workspace.written_bytes[stage] = bytes;
+  if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
+  float* row = workspace.accumulator.data();
+  // Each rank's slot of this parity; a row of peer q is slots[q] + t * row_bytes.
+  const std::byte* slots[kMaxRanks];
+  for (std::int32_t q = 0; q < ranks; ++q) slots[q] = workspace.oneshot_slot(parity, q);
+  std::byte* mine = workspace.oneshot_slot(parity, rank);
+  const auto* input = static_cast<const std::byte*>(args.input);
 
-  if (workspace.accumulator.size() < elements) workspace.accumulator.resize(elements);
-  float* sums = workspace.accumulator.data();
   Backoff backoff = workspace.start_call();
-  // Fixed rank order: every rank adds the same floats in the same order and
-  // gets the same bits.
-  for (std::int32_t peer = 0; peer < workspace.world_size(); ++peer) {
-    Status status =
-        dtype == ARBITER_DTYPE_FP16
-            ? accumulate_slot<ARBITER_DTYPE_FP16>(workspace, backoff, peer, stage, bytes, sums)
-        : dtype == ARBITER_DTYPE_BF16
-            ? accumulate_slot<ARBITER_DTYPE_BF16>(workspace, backoff, peer, stage, bytes, sums)
-            : accumulate_slot<ARBITER_DTYPE_FP32>(workspace, backoff, peer, stage, bytes, sums);
-    if (!status.ok()) return status;
-  }
-  workspace.stage = next;
-
-  for (std::uint32_t token = 0; token < args.tokens; ++token) {
-    common::apply_epilogue_token(args, token, sums + static_cast<std::size_t>(token) * args.hidden);
+  const std::byte* rows[kMaxRanks];
+  for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
+    const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
+    // Publish this rank's chunk: the data, then the sequence number.
+    std::memcpy(mine + first * row_bytes, input + first * row_bytes, tokens * row_bytes);
+    shared_word<std::uint64_t>(
+        reinterpret_cast<std::byte*>(workspace.oneshot_sequence(parity, rank, chunk)))
+        .store(published, std::memory_order_release);
+    // Every peer's chunk.
+    for (std::int32_t q = 0; q < ranks; ++q) {
+      if (q == rank) continue;
+      auto sequence = shared_word<std::uint64_t>(
+          reinterpret_cast<std::byte*>(workspace.oneshot_sequence(parity, q, chunk)));
+      while (sequence.load(std::memory_order_acquire) < published) {
+        const WaitState state = backoff.pause();
+        if (state != WaitState::kKeepWaiting) {
+          return workspace.wait_failed(
+              state, "rank " + std::to_string(q) + "'s one-shot data (chunk " +
+                         std::to_string(chunk) + ", tokens " + std::to_string(first) + "-" +
+                         std::to_string(first + tokens - 1) + ")");
+        }
+      }
+      backoff.progress();
+    }
+    for (std::size_t t = first; t < first + tokens; ++t) {
+      for (std::int32_t q = 0; q < ranks; ++q) rows[q] = slots[q] + t * row_bytes;
+      sum_row_of(dtype, rows, ranks, hidden, row);
+      common::apply_epilogue_token(args, static_cast<std::uint32_t>(t), row);
+    }
   }
   return {};
 }

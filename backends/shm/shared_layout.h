@@ -1,12 +1,16 @@
 // The layout of the shared-memory object every rank maps.
 //
 //   [header 4 KiB][barrier flags: one 64-byte line per rank, padded to 4 KiB]
-//   [one-shot: 3 stages x world_size slots][two-shot inputs: world_size slots]
+//   [one-shot sequence lines: 2 parities x world_size x chunk lines, 64 bytes
+//    each, padded to 4 KiB]
+//   [one-shot: 2 parities x world_size slots][two-shot inputs: world_size slots]
 //   [two-shot / native sums: 1 slot]
 //
 // A slot holds one rank's message (max_message_bytes, rounded up to 64).
-// Rank 0 writes the header and fills the one-shot stages with the dtype's
-// -0.0 before anyone else maps the object; the rest starts zeroed.
+// One-shot call n uses parity n % 2; a rank publishes chunk k of its slot by
+// storing n + 1 into its line for (parity, k) after the chunk's data
+// (oneshot.cpp). Rank 0 writes the header before anyone else maps the
+// object; the rest starts zeroed.
 #pragma once
 
 #include <cstddef>
@@ -16,9 +20,10 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
+inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
 
 // Lives at offset 0 of the mapping. Plain fields are written once by rank 0
 // before the others map; `failed_rank` is accessed only through atomic_ref.
@@ -35,9 +40,29 @@ struct SharedHeader {
 };
 static_assert(sizeof(SharedHeader) <= kPage);
 
+// One-shot moves a message in chunks of whole tokens of about this many
+// bytes (at least one token): a chunk is summed while it is still in cache,
+// and readers start on chunk 0 while its writers copy chunk 1.
+inline constexpr std::size_t kOneshotChunkBytes = 32 * 1024;
+
+// Tokens per one-shot chunk for rows of `row_bytes` (> 0).
+inline std::size_t oneshot_chunk_tokens(std::size_t row_bytes) {
+  return row_bytes >= kOneshotChunkBytes ? 1 : kOneshotChunkBytes / row_bytes;
+}
+
+// The most chunks a message of at most `max_message_bytes` takes, for any
+// row size: a chunk holds more than half of kOneshotChunkBytes, or one
+// whole row longer than that.
+inline std::size_t oneshot_max_chunks(std::uint64_t max_message_bytes) {
+  return static_cast<std::size_t>((2 * max_message_bytes + kOneshotChunkBytes - 1) /
+                                  kOneshotChunkBytes);
+}
+
 struct Layout {
   std::size_t slot_stride = 0;
-  std::size_t flags = 0;  // offsets from the start of the mapping
+  std::size_t oneshot_chunks = 0;  // sequence lines per (parity, rank)
+  std::size_t flags = 0;           // offsets from the start of the mapping
+  std::size_t oneshot_sequences = 0;
   std::size_t oneshot = 0;
   std::size_t twoshot_inputs = 0;
   std::size_t sums = 0;
@@ -56,9 +81,12 @@ inline std::optional<Layout> compute_layout(std::int32_t world_size,
   const auto ranks = static_cast<std::size_t>(world_size);
   Layout layout;
   layout.slot_stride = round_up(max_message_bytes, kLine);
+  layout.oneshot_chunks = oneshot_max_chunks(max_message_bytes);
   layout.flags = kPage;
-  layout.oneshot = layout.flags + round_up(ranks * kLine, kPage);
-  layout.twoshot_inputs = layout.oneshot + 3 * ranks * layout.slot_stride;
+  layout.oneshot_sequences = layout.flags + round_up(ranks * kLine, kPage);
+  layout.oneshot =
+      layout.oneshot_sequences + round_up(2 * ranks * layout.oneshot_chunks * kLine, kPage);
+  layout.twoshot_inputs = layout.oneshot + 2 * ranks * layout.slot_stride;
   layout.sums = layout.twoshot_inputs + ranks * layout.slot_stride;
   layout.total = round_up(layout.sums + layout.slot_stride, kPage);
   return layout;

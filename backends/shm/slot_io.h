@@ -1,11 +1,7 @@
-// Moving messages in and out of shared slots one 64-bit word (or one
-// element, for the tail) at a time, each word a single atomic access.
-//
-// Peers poll one-shot slots while their owner writes them, so a word must
-// never be seen half written: memcpy may copy byte by byte and show a reader
-// the high byte of a new element next to the low byte of -0.0. Element
-// boundaries never straddle a word (slots are 64-byte aligned, elements 2 or
-// 4 bytes), so word-atomic means element-atomic.
+// Words of the shared mapping as atomics (the one-shot sequence lines), and
+// the sanitising copy into a two-shot / native input slot: one 64-bit word
+// (or one element, for the tail) at a time, every -0.0 replaced by +0.0.
+// Those slots are read only after a barrier.
 #pragma once
 
 #include <atomic>
@@ -55,38 +51,6 @@ inline void write_sanitized(std::byte* slot, const void* source, std::uint64_t b
           .store(common::sanitize_bits16(value), std::memory_order_release);
     }
   }
-}
-
-// Resets `bytes` of `slot` to the dtype's -0.0.
-inline void clear_slot(std::byte* slot, std::uint64_t bytes, arbiter_dtype dtype) {
-  const std::uint64_t fill = common::negative_zero_word(dtype);
-  const std::uint64_t words = bytes / 8;
-  for (std::uint64_t w = 0; w < words; ++w) {
-    shared_word<std::uint64_t>(slot + w * 8).store(fill, std::memory_order_relaxed);
-  }
-  const std::size_t element = common::dtype_size(dtype);
-  for (std::uint64_t offset = words * 8; offset < bytes; offset += element) {
-    if (element == 4) {
-      shared_word<std::uint32_t>(slot + offset)
-          .store(common::kNegativeZeroBits32, std::memory_order_relaxed);
-    } else {
-      shared_word<std::uint16_t>(slot + offset)
-          .store(common::kNegativeZeroBits16, std::memory_order_relaxed);
-    }
-  }
-}
-
-// The elements of a word as floats, lowest lane first; returns the count.
-inline int decode_word(std::uint64_t word, arbiter_dtype dtype, float* out) {
-  if (dtype == ARBITER_DTYPE_FP32) {
-    out[0] = common::bits_float(static_cast<std::uint32_t>(word));
-    out[1] = common::bits_float(static_cast<std::uint32_t>(word >> 32));
-    return 2;
-  }
-  for (int lane = 0; lane < 4; ++lane) {
-    out[lane] = common::dtype_bits_to_float(static_cast<std::uint16_t>(word >> (16 * lane)), dtype);
-  }
-  return 4;
 }
 
 }  // namespace arbiter::shm

@@ -24,9 +24,17 @@ Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::i
 // rank's unmap; no rank has to wait for the others here.
 Workspace::~Workspace() { munmap(base_, layout_.total); }
 
-std::byte* Workspace::oneshot_slot(std::uint32_t stage_index, std::int32_t rank) {
-  const std::size_t slot = static_cast<std::size_t>(stage_index) * world_size_ + rank;
+std::byte* Workspace::oneshot_slot(std::uint32_t parity, std::int32_t rank) {
+  const std::size_t slot = static_cast<std::size_t>(parity) * world_size_ + rank;
   return static_cast<std::byte*>(base_) + layout_.oneshot + slot * layout_.slot_stride;
+}
+
+std::uint64_t* Workspace::oneshot_sequence(std::uint32_t parity, std::int32_t rank,
+                                           std::size_t chunk) {
+  const std::size_t line =
+      (static_cast<std::size_t>(parity) * world_size_ + rank) * layout_.oneshot_chunks + chunk;
+  return reinterpret_cast<std::uint64_t*>(static_cast<std::byte*>(base_) +
+                                          layout_.oneshot_sequences + line * kLine);
 }
 
 std::byte* Workspace::twoshot_input(std::int32_t rank) {

@@ -34,7 +34,9 @@ class Workspace {
   std::uint64_t max_message_bytes() const { return max_message_bytes_; }
 
   SharedHeader& header() { return *static_cast<SharedHeader*>(base_); }
-  std::byte* oneshot_slot(std::uint32_t stage, std::int32_t rank);
+  std::byte* oneshot_slot(std::uint32_t parity, std::int32_t rank);
+  // The sequence word of `rank`'s chunk `chunk` of one-shot parity `parity`.
+  std::uint64_t* oneshot_sequence(std::uint32_t parity, std::int32_t rank, std::size_t chunk);
   std::byte* twoshot_input(std::int32_t rank);
   std::byte* sums();
   // Elements [begin, end) of every rank's two-shot input, summed in fp32 in
@@ -56,10 +58,9 @@ class Workspace {
   // OK, or why this workspace can no longer be used.
   Status usable();
 
-  // Lamport bookkeeping, identical on every rank: the stage the next
-  // one-shot call uses, and how many bytes this rank wrote into each stage.
-  std::uint32_t stage = 0;
-  std::array<std::uint64_t, 3> written_bytes{};
+  // One-shot calls so far, the same on every rank: call n uses parity
+  // n % 2 and publishes n + 1.
+  std::uint64_t oneshot_calls = 0;
   std::uint64_t calls = 0;  // run() calls so far, for messages
 
   // Host scratch reused across calls (grown, never shrunk).

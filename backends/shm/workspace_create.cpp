@@ -181,10 +181,6 @@ void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec&
   header->max_message_bytes = spec.max_message_bytes;
   header->total_bytes = layout.total;
   header->failed_rank = 0;
-  // Every one-shot slot starts as "not written yet".
-  auto* stages = reinterpret_cast<std::uint64_t*>(static_cast<std::byte*>(base) + layout.oneshot);
-  std::fill(stages, stages + (layout.twoshot_inputs - layout.oneshot) / 8,
-            common::negative_zero_word(spec.dtype));
 }
 
 // Step 2 on rank 0. On success `name` is linked and `*base` mapped; on
