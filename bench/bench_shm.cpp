@@ -63,9 +63,21 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Median of the per-trial maximum across ranks (a collective finishes when
-// its slowest rank does).
-double median_of_max(arbiter::Bootstrap& boot, std::vector<double>& mine) {
+// Calls per timed trial: back to back, like MPI benchmarks time theirs, so
+// that the skew of the barrier before a trial (tens of microseconds through
+// the UCX bootstrap) is spread over many small calls.
+int calls_per_trial(std::uint64_t bytes) {
+  return static_cast<int>(std::clamp<std::uint64_t>((4 * arbiter::kMiB) / bytes, 1, 1000));
+}
+
+struct Summary {
+  double median = 0.0;
+  double p90 = 0.0;
+};
+
+// Median and 90th percentile of the per-trial maximum across ranks (a
+// collective finishes when its slowest rank does).
+Summary summary_of_max(arbiter::Bootstrap& boot, std::vector<double>& mine) {
   std::vector<double> all(mine.size() * static_cast<std::size_t>(boot.world_size()));
   if (!boot.allgather(mine.data(), all.data(), mine.size() * sizeof(double),
                       std::chrono::seconds(60))
@@ -78,8 +90,11 @@ double median_of_max(arbiter::Bootstrap& boot, std::vector<double>& mine) {
       worst[t] = std::max(worst[t], all[r * mine.size() + t]);
     }
   }
-  std::nth_element(worst.begin(), worst.begin() + worst.size() / 2, worst.end());
-  return worst[worst.size() / 2];
+  std::sort(worst.begin(), worst.end());
+  Summary summary;
+  summary.median = worst[worst.size() / 2];
+  summary.p90 = worst[std::min(worst.size() - 1, (worst.size() * 9) / 10)];
+  return summary;
 }
 
 }  // namespace
@@ -131,7 +146,7 @@ int main(int argc, char** argv) {
         "# arbiter-bench-shm: world_size=%d hidden=%u dtype=bf16 pattern=residual_rmsnorm "
         "trials=%d\n",
         boot.world_size(), hidden, opt.trials);
-    std::printf("world_size,bytes,num_tokens,method,latency_us,effective_GBps\n");
+    std::printf("world_size,bytes,num_tokens,method,latency_us,effective_GBps,p90_us\n");
   }
   for (std::uint64_t bytes = opt.from; bytes <= opt.to; bytes *= 2) {
     const auto tokens = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, bytes / token_bytes));
@@ -151,17 +166,20 @@ int main(int argc, char** argv) {
       a.norm_out = norm_out.data();
       std::vector<double> times;
       bool skipped = false;
-      for (int t = -2; t < opt.trials; ++t) {  // two warm-up calls
+      const int calls = calls_per_trial(real_bytes);
+      for (int t = -2; t < opt.trials && !skipped; ++t) {  // two warm-up trials
         if (!boot.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
         const auto start = Clock::now();
-        const std::int32_t status = shm->run(ws, &a, nullptr);
-        const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-        if (status == ARBITER_UNSUPPORTED) {
-          skipped = true;  // every rank gets the same answer for the same shape
-          break;
+        for (int c = 0; c < calls; ++c) {
+          const std::int32_t status = shm->run(ws, &a, nullptr);
+          if (status == ARBITER_UNSUPPORTED) {
+            skipped = true;  // every rank gets the same answer for the same shape
+            break;
+          }
+          if (status != ARBITER_OK) die(std::string(m.name) + ": " + shm->last_error());
         }
-        if (status != ARBITER_OK) die(std::string(m.name) + ": " + shm->last_error());
-        if (t >= 0) times.push_back(us);
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+        if (t >= 0) times.push_back(us / calls);
       }
       if (skipped) {
         if (boot.rank() == 0) {
@@ -170,28 +188,31 @@ int main(int argc, char** argv) {
         }
         continue;
       }
-      const double us = median_of_max(boot, times);
+      const Summary us = summary_of_max(boot, times);
       if (boot.rank() == 0) {
-        std::printf("%d,%llu,%u,%s,%.1f,%.3f\n", boot.world_size(),
-                    static_cast<unsigned long long>(real_bytes), tokens, m.name, us,
-                    static_cast<double>(real_bytes) / us / 1e3);
+        std::printf("%d,%llu,%u,%s,%.1f,%.3f,%.1f\n", boot.world_size(),
+                    static_cast<unsigned long long>(real_bytes), tokens, m.name, us.median,
+                    static_cast<double>(real_bytes) / us.median / 1e3, us.p90);
       }
     }
     // memcpy of the same bytes, all ranks at once, for the machine's bandwidth.
     std::vector<double> times;
+    const int calls = calls_per_trial(real_bytes);
     for (int t = -2; t < opt.trials; ++t) {
       if (!boot.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
       const auto start = Clock::now();
-      std::memcpy(copy_dst.data(), input.data(), real_bytes);
-      asm volatile("" : : "r"(copy_dst.data()) : "memory");
+      for (int c = 0; c < calls; ++c) {
+        std::memcpy(copy_dst.data(), input.data(), real_bytes);
+        asm volatile("" : : "r"(copy_dst.data()) : "memory");
+      }
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-      if (t >= 0) times.push_back(us);
+      if (t >= 0) times.push_back(us / calls);
     }
-    const double us = median_of_max(boot, times);
+    const Summary us = summary_of_max(boot, times);
     if (boot.rank() == 0) {
-      std::printf("%d,%llu,%u,memcpy,%.1f,%.3f\n", boot.world_size(),
-                  static_cast<unsigned long long>(real_bytes), tokens, us,
-                  static_cast<double>(real_bytes) / us / 1e3);
+      std::printf("%d,%llu,%u,memcpy,%.1f,%.3f,%.1f\n", boot.world_size(),
+                  static_cast<unsigned long long>(real_bytes), tokens, us.median,
+                  static_cast<double>(real_bytes) / us.median / 1e3, us.p90);
       std::fflush(stdout);
     }
   }

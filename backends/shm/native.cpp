@@ -10,6 +10,7 @@
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/rmsnorm.h"
 #include "slot_io.h"
+#include "token_kernels.h"
 
 namespace arbiter::shm {
 
@@ -43,12 +44,7 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   arbiter_allreduce_args norm_args = args;
   if (sum_in_place) norm_args.allreduce_out = nullptr;  // already written above
   if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
-  float* row = workspace.accumulator.data();
-  for (std::uint32_t token = 0; token < args.tokens; ++token) {
-    const std::size_t base = static_cast<std::size_t>(token) * hidden;
-    for (std::uint32_t i = 0; i < hidden; ++i) row[i] = common::load_element(sums, base + i, dtype);
-    common::apply_epilogue_token(norm_args, token, row);
-  }
+  epilogue_tokens(norm_args, sums, 0, args.tokens, workspace.accumulator.data());
   return {};
 }
 

@@ -5,7 +5,9 @@
 // and then stores n + 1 into its sequence line for (p, k) with release
 // order; then it waits (acquire) until every peer's line for (p, k) holds
 // n + 1, sums the chunk's tokens over the ranks in rank order into one fp32
-// row and applies the epilogue to each token while the row is in cache.
+// row (from +0.0, which gives the bits of two-shot's sanitised copies) and
+// applies the epilogue to each token while the row is in cache
+// (token_kernels.h).
 //
 // Why a rank may overwrite its slot of parity p in call n: every peer has
 // left call n - 2, the last one that read it. A rank starts call n only
@@ -18,45 +20,13 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
-#include "arbiter/common/rmsnorm.h"
 #include "slot_io.h"
+#include "token_kernels.h"
 
 namespace arbiter::shm {
-
-namespace {
-
-// row[i] = +0.0 + sum over q of rank q's element i, in rank order. Starting
-// from +0.0 makes an all -0.0 column sum to +0.0, as two-shot's sanitised
-// copies do, so every algorithm gets the same bits.
-template <arbiter_dtype kDtype>
-void sum_row(const std::byte* const* rows, std::int32_t ranks, std::uint32_t hidden, float* row) {
-  using Bits = std::conditional_t<kDtype == ARBITER_DTYPE_FP32, std::uint32_t, std::uint16_t>;
-  for (std::uint32_t i = 0; i < hidden; ++i) row[i] = 0.0f;
-  for (std::int32_t q = 0; q < ranks; ++q) {
-    const auto* values = reinterpret_cast<const Bits*>(rows[q]);
-    for (std::uint32_t i = 0; i < hidden; ++i) {
-      row[i] += common::dtype_bits_to_float(values[i], kDtype);
-    }
-  }
-}
-
-void sum_row_of(arbiter_dtype dtype, const std::byte* const* rows, std::int32_t ranks,
-                std::uint32_t hidden, float* row) {
-  switch (dtype) {
-    case ARBITER_DTYPE_FP16:
-      return sum_row<ARBITER_DTYPE_FP16>(rows, ranks, hidden, row);
-    case ARBITER_DTYPE_BF16:
-      return sum_row<ARBITER_DTYPE_BF16>(rows, ranks, hidden, row);
-    default:
-      return sum_row<ARBITER_DTYPE_FP32>(rows, ranks, hidden, row);
-  }
-}
-
-}  // namespace
 
 Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const arbiter_dtype dtype = workspace.dtype();
@@ -78,7 +48,6 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const auto* input = static_cast<const std::byte*>(args.input);
 
   Backoff backoff = workspace.start_call();
-  const std::byte* rows[kMaxRanks];
   for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
     // Publish this rank's chunk: the data, then the sequence number.
@@ -102,11 +71,7 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
       }
       backoff.progress();
     }
-    for (std::size_t t = first; t < first + tokens; ++t) {
-      for (std::int32_t q = 0; q < ranks; ++q) rows[q] = slots[q] + t * row_bytes;
-      sum_row_of(dtype, rows, ranks, hidden, row);
-      common::apply_epilogue_token(args, static_cast<std::uint32_t>(t), row);
-    }
+    reduce_tokens(args, slots, ranks, first, tokens, row);
   }
   return {};
 }

@@ -12,8 +12,8 @@
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/partition.h"
-#include "arbiter/common/rmsnorm.h"
 #include "slot_io.h"
+#include "token_kernels.h"
 
 namespace arbiter::shm {
 
@@ -40,11 +40,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
 
   std::vector<float>& row = workspace.accumulator;
   if (row.size() < hidden) row.resize(hidden);
-  for (std::uint32_t token = 0; token < args.tokens; ++token) {
-    const std::size_t base = static_cast<std::size_t>(token) * hidden;
-    for (std::uint32_t i = 0; i < hidden; ++i) row[i] = common::load_element(sums, base + i, dtype);
-    common::apply_epilogue_token(args, token, row.data());
-  }
+  epilogue_tokens(args, sums, 0, args.tokens, row.data());
   return {};
 }
 

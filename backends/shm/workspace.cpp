@@ -6,6 +6,7 @@
 #include <string>
 
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/rmsnorm.h"
 #include "arbiter/common/stages.h"
 
 namespace arbiter::shm {
@@ -112,7 +113,7 @@ void sum_elements(const std::vector<const std::byte*>& inputs, std::size_t begin
     for (std::size_t peer = 1; peer < inputs.size(); ++peer) {
       sum += common::load_element(inputs[peer], i, kDtype);
     }
-    common::store_element(out, i, kDtype, sum);
+    common::store_bits(out, i, kDtype, common::to_storage_bits<kDtype>(sum));
   }
 }
 

@@ -22,77 +22,14 @@
 #include "arbiter_backend.h"
 #include "fork_ranks.h"
 #include "in_place_layouts.h"
+#include "shm_harness.h"
 
 using namespace arbiter::common;
 using arbiter::test::Place;
 using arbiter::test::run_ranks;
+using namespace arbiter::test::shm_harness;
 
 namespace {
-
-constexpr std::int64_t kTimeoutMs = 20000;
-
-const arbiter_backend_v1_t& shm() {
-  static const arbiter_backend_v1_t* module = [] {
-    void* handle = dlopen(ARBITER_PLUGIN_DIR "/libarbiter-shm.so", RTLD_NOW | RTLD_LOCAL);
-    BOOST_TEST_REQUIRE(handle != nullptr, "dlopen: " << dlerror());
-    void* symbol = dlsym(handle, ARBITER_BACKEND_SYMBOL_V1);
-    BOOST_TEST_REQUIRE(symbol != nullptr);
-    return static_cast<const arbiter_backend_v1_t*>(symbol);
-  }();
-  return *module;
-}
-
-std::set<std::string> shm_entries() {
-  std::set<std::string> names;
-  if (DIR* dir = opendir("/dev/shm")) {
-    while (dirent* entry = readdir(dir)) {
-      if (std::strncmp(entry->d_name, "arbiter-shm-", 12) == 0) names.insert(entry->d_name);
-    }
-    closedir(dir);
-  }
-  return names;
-}
-
-// Runs `body` as `ranks` processes; every rank must succeed and no shared
-// memory object may be left in /dev/shm afterwards.
-void run_group(int ranks, const arbiter::test::RankBody& body, int limit_seconds = 120,
-               bool preempt = false) {
-  shm();  // load once in the parent; the children inherit it
-  const std::set<std::string> before = shm_entries();
-  const std::vector<std::string> results =
-      run_ranks(ranks, std::chrono::seconds(limit_seconds), body, preempt);
-  for (int rank = 0; rank < ranks; ++rank) {
-    BOOST_TEST(results[rank] == "", "rank " << rank << " of " << ranks << ": " << results[rank]);
-  }
-  for (const std::string& name : shm_entries()) {
-    BOOST_TEST(before.count(name) == 1u, "left behind: /dev/shm/" << name);
-  }
-}
-
-arbiter_workspace_spec make_spec(const arbiter_oob& oob, arbiter_dtype dtype,
-                                 std::uint64_t max_bytes, std::int64_t timeout_ms = kTimeoutMs) {
-  arbiter_workspace_spec spec{};
-  spec.world_size = oob.size;
-  spec.rank = oob.rank;
-  spec.device = -1;
-  spec.nodes = 1;
-  spec.hidden = 0;
-  spec.dtype = dtype;
-  spec.pattern_mask = 0x7;
-  spec.max_message_bytes = max_bytes;
-  spec.timeout_ms = timeout_ms;
-  return spec;
-}
-
-const char* dtype_name(arbiter_dtype dtype) {
-  return dtype == ARBITER_DTYPE_FP32 ? "fp32" : dtype == ARBITER_DTYPE_BF16 ? "bf16" : "fp16";
-}
-
-const char* algorithm_name(arbiter_algorithm algorithm) {
-  return algorithm == ARBITER_ALGORITHM_ONESHOT   ? "oneshot"
-         : algorithm == ARBITER_ALGORITHM_TWOSHOT ? "twoshot"
-                                                  : "native";
-}
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64
   x += 0x9E3779B97F4A7C15ull;

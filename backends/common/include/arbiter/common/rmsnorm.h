@@ -10,7 +10,8 @@
 //   NVFP4: see nvfp4.h, with scale = the global scale
 // Every value is rounded to the dtype where it is stored, and later steps read
 // the stored value, exactly as an unfused sequence of kernels would. (The GPU
-// kernels store a sum that rounds to -0.0 as +0.0: equal in value.)
+// kernels store a sum that rounds to -0.0 as +0.0: equal in value. The host
+// epilogue stores every NaN as the dtype's canonical quiet NaN.)
 //
 // The per-element pieces are ARBITER_HD so a CUDA kernel calls them per
 // element and reduces the sum of squares its own way; apply_epilogue_token()
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "arbiter/common/fp8.h"
 #include "arbiter/common/host_device.h"
@@ -77,42 +79,115 @@ ARBITER_HD inline std::uint8_t nvfp4_quantize_block(const float* y, std::uint32_
   return sf;
 }
 
+// Host code: always inlined, so that a caller compiled for a wider ISA (the
+// shm backend's per-level clones, token_kernels.cpp) vectorises it for that
+// ISA instead of calling one baseline copy.
+#if defined(__CUDACC__) || !defined(__GNUC__)
+#define ARBITER_HOST_INLINE
+#else
+#define ARBITER_HOST_INLINE __attribute__((always_inline))
+#endif
+
+// The host epilogue adds the square of element i into partial sum
+// i % kEpilogueLanes and then the partial sums in order, so the sum of
+// squares has the same bits whatever the vector width.
+inline constexpr std::uint32_t kEpilogueLanes = 16;
+
+// The dtype's storage bits of `value`, without a branch (vectorisable).
+// Every NaN becomes the dtype's canonical quiet NaN (positive): which of two
+// NaN operands an add or multiply passes on is the first source operand on
+// x86, and the compiler orders commutative operands differently for
+// different ISAs, so payloads and signs would differ between builds.
+template <arbiter_dtype kDtype>
+ARBITER_HD ARBITER_HOST_INLINE inline std::uint32_t to_storage_bits(float value) {
+  const std::uint32_t bits = float_bits(value);
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  if constexpr (kDtype == ARBITER_DTYPE_BF16) {
+    const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return nan ? 0x7FC0u : rounded;
+  } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
+    return nan ? 0x7E00u : float_to_half_bits(value);
+  } else {
+    return nan ? 0x7FC00000u : bits;
+  }
+}
+
+template <arbiter_dtype kDtype>
+ARBITER_HD ARBITER_HOST_INLINE inline float rounded_to(float value) {
+  if constexpr (kDtype == ARBITER_DTYPE_FP32) {
+    return value;
+  } else {
+    return dtype_bits_to_float(to_storage_bits<kDtype>(value), kDtype);
+  }
+}
+
 // Applies the epilogue of args.pattern to token `token`, writing every output
 // args names (NULL outputs are skipped). `row` holds the token's hidden fp32
 // sums on entry and is used as scratch.
 // REQUIRES: host-visible buffers; norm patterns need residual_in and gamma,
 // FP8/NVFP4 need quant_out and scale, NVFP4 needs scale_out and hidden % 16 == 0.
 template <arbiter_dtype kDtype>
-ARBITER_HD inline void apply_epilogue_token_as(const arbiter_allreduce_args& args,
-                                               std::uint32_t token, float* row) {
+ARBITER_HD ARBITER_HOST_INLINE inline void apply_epilogue_token_as(
+    const arbiter_allreduce_args& args, std::uint32_t token, float* row) {
   // A compile-time dtype folds the per-element conversions' switches away.
   constexpr arbiter_dtype dtype = kDtype;
+  constexpr std::uint32_t kLanes = kEpilogueLanes;
+  using Bits = std::conditional_t<kDtype == ARBITER_DTYPE_FP32, std::uint32_t, std::uint16_t>;
   const std::uint32_t hidden = args.hidden;
   const std::size_t base = static_cast<std::size_t>(token) * hidden;
+  Bits* const allreduce_out =
+      args.allreduce_out ? static_cast<Bits*>(args.allreduce_out) + base : nullptr;
   if (!pattern_has_norm(args.pattern)) {
-    if (args.allreduce_out == nullptr) return;
+    if (allreduce_out == nullptr) return;
     for (std::uint32_t i = 0; i < hidden; ++i) {
-      store_element(args.allreduce_out, base + i, dtype, round_to_dtype(row[i], dtype));
+      allreduce_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(row[i]));
     }
     return;
   }
+  const Bits* const residual_in = static_cast<const Bits*>(args.residual_in) + base;
+  Bits* const residual_out =
+      args.residual_out ? static_cast<Bits*>(args.residual_out) + base : nullptr;
+  Bits* const norm_out = args.norm_out ? static_cast<Bits*>(args.norm_out) + base : nullptr;
+  const Bits* const gamma = static_cast<const Bits*>(args.gamma);
 
-  // Each element's residual is read before any output of it is written:
-  // every output may be residual_in itself (aliasing.h).
-  float sum_of_squares = 0.0f;
-  for (std::uint32_t i = 0; i < hidden; ++i) {
-    const float residual = load_element(args.residual_in, base + i, dtype);
-    const float sum = round_to_dtype(row[i], dtype);
-    if (args.allreduce_out) store_element(args.allreduce_out, base + i, dtype, sum);
-    row[i] = add_residual(sum, residual, dtype);
-    if (args.residual_out) store_element(args.residual_out, base + i, dtype, row[i]);
-    sum_of_squares += row[i] * row[i];
+  // Each element's residual is loaded before any output of it is stored
+  // (same iteration), and each loop is a plain pass the compiler vectorises.
+  if (allreduce_out != nullptr) {
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      const float residual = dtype_bits_to_float(residual_in[i], dtype);
+      const float sum = rounded_to<kDtype>(row[i]);
+      allreduce_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(sum));
+      row[i] = rounded_to<kDtype>(sum + residual);
+    }
+  } else {
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      const float residual = dtype_bits_to_float(residual_in[i], dtype);
+      row[i] = rounded_to<kDtype>(rounded_to<kDtype>(row[i]) + residual);
+    }
   }
+  if (residual_out != nullptr) {
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      residual_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(row[i]));
+    }
+  }
+  float partial[kLanes] = {};
+  const std::uint32_t whole = hidden - hidden % kLanes;
+  for (std::uint32_t first = 0; first < whole; first += kLanes) {
+    for (std::uint32_t k = 0; k < kLanes; ++k) partial[k] += row[first + k] * row[first + k];
+  }
+  for (std::uint32_t i = whole; i < hidden; ++i) partial[i - whole] += row[i] * row[i];
+  float sum_of_squares = 0.0f;
+  for (std::uint32_t k = 0; k < kLanes; ++k) sum_of_squares += partial[k];
   const float inv_rms = inverse_rms(sum_of_squares, hidden, args.eps);
+  const float weight_bias = args.weight_bias;
   for (std::uint32_t i = 0; i < hidden; ++i) {
-    row[i] = rmsnorm_element(row[i], inv_rms, load_element(args.gamma, i, dtype), args.weight_bias,
-                             dtype);
-    if (args.norm_out) store_element(args.norm_out, base + i, dtype, row[i]);
+    row[i] =
+        rounded_to<kDtype>(row[i] * inv_rms * (dtype_bits_to_float(gamma[i], dtype) + weight_bias));
+  }
+  if (norm_out != nullptr) {
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      norm_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(row[i]));
+    }
   }
 
   if (args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {

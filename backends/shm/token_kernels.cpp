@@ -1,0 +1,106 @@
+#include "token_kernels.h"
+
+#include <type_traits>
+
+#include "arbiter/common/numeric.h"
+#include "arbiter/common/rmsnorm.h"
+
+// GCC's function multiversioning: one clone per level, an ifunc resolver
+// picks one when the module loads. Sanitizer builds (clang) keep one version.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ARBITER_SHM_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ARBITER_SHM_CLONES
+#endif
+
+namespace arbiter::shm {
+
+namespace {
+
+template <arbiter_dtype kDtype>
+using Bits = std::conditional_t<kDtype == ARBITER_DTYPE_FP32, std::uint32_t, std::uint16_t>;
+
+template <arbiter_dtype kDtype>
+ARBITER_HOST_INLINE inline void start_row(float* __restrict row,
+                                          const Bits<kDtype>* __restrict values,
+                                          std::uint32_t hidden) {
+  for (std::uint32_t i = 0; i < hidden; ++i) {
+    row[i] = 0.0f + common::dtype_bits_to_float(values[i], kDtype);
+  }
+}
+
+template <arbiter_dtype kDtype>
+ARBITER_HOST_INLINE inline void add_row(float* __restrict row,
+                                        const Bits<kDtype>* __restrict values,
+                                        std::uint32_t hidden) {
+  for (std::uint32_t i = 0; i < hidden; ++i) {
+    row[i] += common::dtype_bits_to_float(values[i], kDtype);
+  }
+}
+
+template <arbiter_dtype kDtype>
+ARBITER_HOST_INLINE inline void load_row(float* __restrict row,
+                                         const Bits<kDtype>* __restrict values,
+                                         std::uint32_t hidden) {
+  for (std::uint32_t i = 0; i < hidden; ++i)
+    row[i] = common::dtype_bits_to_float(values[i], kDtype);
+}
+
+// Inlined into each clone, so that each compiles for its level.
+template <arbiter_dtype kDtype>
+ARBITER_HOST_INLINE inline void reduce_tokens_as(const arbiter_allreduce_args& args,
+                                                 const std::byte* const* rows, std::int32_t ranks,
+                                                 std::size_t first, std::size_t count, float* row) {
+  const std::uint32_t hidden = args.hidden;
+  for (std::size_t t = first; t < first + count; ++t) {
+    const std::size_t offset = t * hidden;
+    // +0.0 + x: an all -0.0 column sums to +0.0.
+    start_row<kDtype>(row, reinterpret_cast<const Bits<kDtype>*>(rows[0]) + offset, hidden);
+    for (std::int32_t q = 1; q < ranks; ++q) {
+      add_row<kDtype>(row, reinterpret_cast<const Bits<kDtype>*>(rows[q]) + offset, hidden);
+    }
+    common::apply_epilogue_token_as<kDtype>(args, static_cast<std::uint32_t>(t), row);
+  }
+}
+
+template <arbiter_dtype kDtype>
+ARBITER_HOST_INLINE inline void epilogue_tokens_as(const arbiter_allreduce_args& args,
+                                                   const void* sums, std::size_t first,
+                                                   std::size_t count, float* row) {
+  const std::uint32_t hidden = args.hidden;
+  for (std::size_t t = first; t < first + count; ++t) {
+    load_row<kDtype>(row, static_cast<const Bits<kDtype>*>(sums) + t * hidden, hidden);
+    common::apply_epilogue_token_as<kDtype>(args, static_cast<std::uint32_t>(t), row);
+  }
+}
+
+}  // namespace
+
+ARBITER_SHM_CLONES
+void reduce_tokens(const arbiter_allreduce_args& args, const std::byte* const* rows,
+                   std::int32_t ranks, std::size_t first, std::size_t count, float* row) {
+  switch (args.dtype) {
+    case ARBITER_DTYPE_FP16:
+      return reduce_tokens_as<ARBITER_DTYPE_FP16>(args, rows, ranks, first, count, row);
+    case ARBITER_DTYPE_BF16:
+      return reduce_tokens_as<ARBITER_DTYPE_BF16>(args, rows, ranks, first, count, row);
+    default:
+      return reduce_tokens_as<ARBITER_DTYPE_FP32>(args, rows, ranks, first, count, row);
+  }
+}
+
+ARBITER_SHM_CLONES
+void epilogue_tokens(const arbiter_allreduce_args& args, const void* sums, std::size_t first,
+                     std::size_t count, float* row) {
+  switch (args.dtype) {
+    case ARBITER_DTYPE_FP16:
+      return epilogue_tokens_as<ARBITER_DTYPE_FP16>(args, sums, first, count, row);
+    case ARBITER_DTYPE_BF16:
+      return epilogue_tokens_as<ARBITER_DTYPE_BF16>(args, sums, first, count, row);
+    default:
+      return epilogue_tokens_as<ARBITER_DTYPE_FP32>(args, sums, first, count, row);
+  }
+}
+
+}  // namespace arbiter::shm
