@@ -178,7 +178,7 @@ void Communicator::Impl::create(const Registry& registry) {
     // Fused backends take at most the cap. The fallback takes any size, in
     // slices of its workspace (run_in_slices), so it needs no more than the
     // cap or kFallbackSliceBytes: a workspace the size of the largest call
-    // would cost (4 ws + 1) times that in /dev/shm for shm.
+    // would cost (3 ws + 1) times that in /dev/shm for shm.
     spec.max_message_bytes = fused_bytes;
     if (b == fallback) {
       const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);
