@@ -4,8 +4,8 @@
 // REQUIRES (checked by run() in module.cpp): args valid for the workspace,
 // tokens > 0, message bytes <= max_message_bytes.
 // All three produce bit-identical outputs for the same inputs: the sum is
-// accumulated in fp32 in rank order (from +0.0, or from sanitised inputs:
-// the same bits), then the epilogue of arbiter/common/rmsnorm.h runs on it.
+// accumulated in fp32 in rank order from +0.0 (token_kernels.h), then the
+// epilogue of arbiter/common/rmsnorm.h runs on it.
 #pragma once
 
 #include "arbiter_backend.h"

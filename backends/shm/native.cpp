@@ -5,11 +5,11 @@
 // first, and here it reads the already rounded sum.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/rmsnorm.h"
-#include "slot_io.h"
 #include "token_kernels.h"
 
 namespace arbiter::shm {
@@ -20,7 +20,7 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t elements = static_cast<std::size_t>(args.tokens) * hidden;
   const std::size_t bytes = elements * common::dtype_size(dtype);
 
-  write_sanitized(workspace.twoshot_input(workspace.rank()), args.input, bytes, dtype);
+  std::memcpy(workspace.twoshot_input(workspace.rank()), args.input, bytes);
   Backoff backoff = workspace.start_call();
   Status status = workspace.barrier(backoff, "native barrier 1 (inputs copied)");
   if (!status.ok()) return status;

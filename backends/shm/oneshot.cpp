@@ -5,7 +5,8 @@
 // and then stores n + 1 into its sequence line for (p, k) with release
 // order; then it waits (acquire) until every peer's line for (p, k) holds
 // n + 1, sums the chunk's tokens over the ranks in rank order into one fp32
-// row (from +0.0, which gives the bits of two-shot's sanitised copies) and
+// row (from +0.0, as two-shot and native sum, so an all -0.0 column gives
+// +0.0 everywhere) and
 // applies the epilogue to each token while the row is in cache
 // (token_kernels.h).
 //

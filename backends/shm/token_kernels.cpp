@@ -47,6 +47,27 @@ ARBITER_HOST_INLINE inline void load_row(float* __restrict row,
     row[i] = common::dtype_bits_to_float(values[i], kDtype);
 }
 
+template <arbiter_dtype kDtype>
+ARBITER_HOST_INLINE inline void sum_elements_as(const std::byte* const* inputs, std::int32_t ranks,
+                                                std::size_t begin, std::size_t end, void* out) {
+  // Blocks of a row's length keep the partial sums in cache.
+  constexpr std::size_t kBlock = 1024;
+  float row[kBlock];
+  for (std::size_t first = begin; first < end; first += kBlock) {
+    const std::size_t n = end - first < kBlock ? end - first : kBlock;
+    start_row<kDtype>(row, reinterpret_cast<const Bits<kDtype>*>(inputs[0]) + first,
+                      static_cast<std::uint32_t>(n));
+    for (std::int32_t q = 1; q < ranks; ++q) {
+      add_row<kDtype>(row, reinterpret_cast<const Bits<kDtype>*>(inputs[q]) + first,
+                      static_cast<std::uint32_t>(n));
+    }
+    Bits<kDtype>* stored = static_cast<Bits<kDtype>*>(out) + first;
+    for (std::size_t i = 0; i < n; ++i) {
+      stored[i] = static_cast<Bits<kDtype>>(common::to_storage_bits<kDtype>(row[i]));
+    }
+  }
+}
+
 // Inlined into each clone, so that each compiles for its level.
 template <arbiter_dtype kDtype>
 ARBITER_HOST_INLINE inline void reduce_tokens_as(const arbiter_allreduce_args& args,
@@ -100,6 +121,19 @@ void epilogue_tokens(const arbiter_allreduce_args& args, const void* sums, std::
       return epilogue_tokens_as<ARBITER_DTYPE_BF16>(args, sums, first, count, row);
     default:
       return epilogue_tokens_as<ARBITER_DTYPE_FP32>(args, sums, first, count, row);
+  }
+}
+
+ARBITER_SHM_CLONES
+void sum_elements(arbiter_dtype dtype, const std::byte* const* inputs, std::int32_t ranks,
+                  std::size_t begin, std::size_t end, void* out) {
+  switch (dtype) {
+    case ARBITER_DTYPE_FP16:
+      return sum_elements_as<ARBITER_DTYPE_FP16>(inputs, ranks, begin, end, out);
+    case ARBITER_DTYPE_BF16:
+      return sum_elements_as<ARBITER_DTYPE_BF16>(inputs, ranks, begin, end, out);
+    default:
+      return sum_elements_as<ARBITER_DTYPE_FP32>(inputs, ranks, begin, end, out);
   }
 }
 

@@ -24,4 +24,9 @@ void reduce_tokens(const arbiter_allreduce_args& args, const std::byte* const* r
 void epilogue_tokens(const arbiter_allreduce_args& args, const void* sums, std::size_t first,
                      std::size_t count, float* row);
 
+// out[i] = +0.0 + sum over q of inputs[q][i] in rank order, stored as
+// `dtype` (NaN canonical, as the epilogue stores it), for i in [begin, end).
+void sum_elements(arbiter_dtype dtype, const std::byte* const* inputs, std::int32_t ranks,
+                  std::size_t begin, std::size_t end, void* out);
+
 }  // namespace arbiter::shm

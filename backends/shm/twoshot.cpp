@@ -7,12 +7,12 @@
 // region from being overwritten while a slow rank still reads it.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/partition.h"
-#include "slot_io.h"
 #include "token_kernels.h"
 
 namespace arbiter::shm {
@@ -23,9 +23,10 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::uint32_t hidden = args.hidden;
   const std::size_t elements = static_cast<std::size_t>(args.tokens) * hidden;
 
-  // Sanitised like one-shot, so -0.0 inputs give the same bits everywhere.
-  write_sanitized(workspace.twoshot_input(workspace.rank()), args.input,
-                  elements * common::dtype_size(dtype), dtype);
+  // A plain copy: the barrier orders it before every peer's reads, and the
+  // sums start from +0.0 (token_kernels.h), so -0.0 needs no sanitising.
+  std::memcpy(workspace.twoshot_input(workspace.rank()), args.input,
+              elements * common::dtype_size(dtype));
   Backoff backoff = workspace.start_call();
   Status status = workspace.barrier(backoff, "two-shot barrier 1 (inputs copied)");
   if (!status.ok()) return status;

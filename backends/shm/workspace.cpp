@@ -6,8 +6,8 @@
 #include <string>
 
 #include "arbiter/common/numeric.h"
-#include "arbiter/common/rmsnorm.h"
 #include "arbiter/common/stages.h"
+#include "token_kernels.h"
 
 namespace arbiter::shm {
 
@@ -101,36 +101,11 @@ Status Workspace::usable() {
                                    "longer be used (destroy it and create a new one)"};
 }
 
-namespace {
-
-// With the dtype a template argument the conversions compile without a
-// switch per element.
-template <arbiter_dtype kDtype>
-void sum_elements(const std::vector<const std::byte*>& inputs, std::size_t begin, std::size_t end,
-                  void* out) {
-  for (std::size_t i = begin; i < end; ++i) {
-    float sum = common::load_element(inputs[0], i, kDtype);
-    for (std::size_t peer = 1; peer < inputs.size(); ++peer) {
-      sum += common::load_element(inputs[peer], i, kDtype);
-    }
-    common::store_bits(out, i, kDtype, common::to_storage_bits<kDtype>(sum));
-  }
-}
-
-}  // namespace
-
 void Workspace::sum_inputs(std::size_t begin, std::size_t end, void* out) {
   std::vector<const std::byte*>& inputs = input_pointers_;
   inputs.resize(static_cast<std::size_t>(world_size()));
   for (std::int32_t peer = 0; peer < world_size(); ++peer) inputs[peer] = twoshot_input(peer);
-  switch (dtype()) {
-    case ARBITER_DTYPE_FP16:
-      return sum_elements<ARBITER_DTYPE_FP16>(inputs, begin, end, out);
-    case ARBITER_DTYPE_BF16:
-      return sum_elements<ARBITER_DTYPE_BF16>(inputs, begin, end, out);
-    default:
-      return sum_elements<ARBITER_DTYPE_FP32>(inputs, begin, end, out);
-  }
+  sum_elements(dtype(), inputs.data(), world_size(), begin, end, out);
 }
 
 }  // namespace arbiter::shm
