@@ -115,6 +115,17 @@ struct Case {
   }
 };
 
+// The call's kind and shape; the buffers are the caller's.
+arbiter_allreduce_args args_of(const Case& c) {
+  arbiter_allreduce_args a{};
+  a.pattern = c.pattern;
+  a.dtype = c.dtype;
+  a.algorithm = c.algorithm;
+  a.tokens = c.tokens;
+  a.hidden = c.hidden;
+  return a;
+}
+
 std::uint32_t seed_of(const Case& c) { return 1000u * c.dtype + 100u * c.pattern + c.tokens; }
 
 Bytes input_of(const Case& c, int rank) {
@@ -169,12 +180,7 @@ std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, con
     return std::string("upload: ") + cudaGetErrorString(e);
   }
 
-  arbiter_allreduce_args a{};
-  a.pattern = c.pattern;
-  a.dtype = c.dtype;
-  a.algorithm = c.algorithm;
-  a.tokens = c.tokens;
-  a.hidden = c.hidden;
+  arbiter_allreduce_args a = args_of(c);
   a.input = d_input.get();
   a.allreduce_out = !c.norm() || c.allreduce_out ? d_sum.get() : nullptr;
   if (c.norm()) {
@@ -417,12 +423,7 @@ std::string lonely_body(const Options& o, int rank, int local_rank, const arbite
     const Case c{
         ARBITER_DTYPE_BF16, ARBITER_PATTERN_ALLREDUCE, ARBITER_ALGORITHM_ONESHOT, 1, 1024, false};
     DeviceMemory in(c.bytes()), out(c.bytes());
-    arbiter_allreduce_args a{};
-    a.pattern = c.pattern;
-    a.dtype = c.dtype;
-    a.algorithm = c.algorithm;
-    a.tokens = c.tokens;
-    a.hidden = c.hidden;
+    arbiter_allreduce_args a = args_of(c);
     a.input = in.get();
     a.allreduce_out = out.get();
     const std::int32_t status = setup.api().run(ws, &a, setup.stream);
