@@ -6,8 +6,20 @@
 // Run one process per rank:
 //   arbiter launch --nproc 4 -- arbiter-bench-shm [--from 4KiB] [--to 64MiB]
 //                                                 [--hidden 1024] [--trials 15]
-// Rank 0 prints a CSV (documented columns below) and a summary table.
+// Rank 0 prints a CSV: world_size, bytes (per rank), num_tokens, method,
+// latency_us (median over trials of the slowest rank's per-call time, calls
+// back to back), effective_GBps (bytes / latency), p90_us. Methods:
+// fused_oneshot, fused_twoshot, separate_steps, memcpy (the same bytes, all
+// ranks at once), and once per run pingpong (a flag's round trip between
+// ranks 0 and 1 through shared memory: the floor of any wait on a peer).
+// After the power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
+// prefill-shaped (4096 x 4096) row, where --to holds them.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -97,6 +109,165 @@ Summary summary_of_max(arbiter::Bootstrap& boot, std::vector<double>& mine) {
   return summary;
 }
 
+// Ranks 0 and 1 pass a counter back and forth through two cache lines of a
+// shared mapping: the machine's floor for anything a rank must hear from
+// another. Returns the round-trip times (us) of the trials on every rank.
+std::vector<double> pingpong(arbiter::Bootstrap& boot, int trials) {
+  constexpr int kRoundTrips = 2000;
+  char name[64] = {};
+  void* memory = MAP_FAILED;
+  if (boot.rank() == 0) {
+    std::snprintf(name, sizeof name, "/arbiter-bench-pingpong-%d", static_cast<int>(getpid()));
+    const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ftruncate(fd, 4096) != 0) die("pingpong: shm_open failed");
+    memory = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  if (!boot.broadcast(name, sizeof name, 0, std::chrono::seconds(60)).ok()) die("broadcast failed");
+  if (boot.rank() == 1) {
+    const int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) die("pingpong: shm_open of rank 0's object failed");
+    memory = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  if (!boot.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
+  if (boot.rank() == 0) shm_unlink(name);
+  if (boot.rank() < 2 && memory == MAP_FAILED) die("pingpong: mmap failed");
+  auto line = [&](int index) {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(static_cast<char*>(memory) + 64 * index));
+  };
+  std::vector<double> times;
+  std::uint64_t count = 0;
+  for (int t = -2; t < trials; ++t) {
+    if (!boot.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
+    const auto start = Clock::now();
+    if (boot.rank() < 2) {
+      const auto give_up = start + std::chrono::seconds(10);
+      for (int i = 0; i < kRoundTrips; ++i) {
+        ++count;
+        if (boot.rank() == 0) line(0).store(count, std::memory_order_release);
+        for (std::uint32_t spins = 1;
+             line(boot.rank() == 0 ? 1 : 0).load(std::memory_order_acquire) != count; ++spins) {
+#if defined(__x86_64__) || defined(__i386__)
+          __builtin_ia32_pause();
+#endif
+          if ((spins & 4095u) == 0 && Clock::now() > give_up) die("pingpong: the peer stopped");
+        }
+        if (boot.rank() == 1) line(1).store(count, std::memory_order_release);
+      }
+    }
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    if (t >= 0) times.push_back(boot.rank() < 2 ? us / kRoundTrips : 0.0);
+  }
+  if (memory != MAP_FAILED) munmap(memory, 4096);
+  return times;
+}
+
+// Times one shape in every method and memcpy; rank 0 prints the rows.
+class Runner {
+ public:
+  Runner(arbiter::Bootstrap& boot, const arbiter_backend_v1_t& shm, arbiter_workspace* ws,
+         const Options& opt)
+      : boot_(boot), shm_(shm), ws_(ws), opt_(opt) {
+    const std::size_t max_elems = opt.to / 2;
+    input_.resize(max_elems);
+    residual_.assign(max_elems, 0x3F00);  // 0.5
+    residual_out_.resize(max_elems);
+    norm_out_.resize(max_elems);
+    copy_dst_.resize(max_elems);
+    gamma_.assign(std::max<std::size_t>(opt.hidden, kShapeHidden), 0x3F80);  // 1.0
+    for (std::size_t i = 0; i < max_elems; ++i) {
+      input_[i] = static_cast<std::uint16_t>(0x3C00 + (i * 7 + boot.rank()) % 256);  // ~1.0..1.5
+    }
+  }
+
+  static constexpr std::uint32_t kShapeHidden = 4096;
+
+  void shape(std::uint32_t tokens, std::uint32_t hidden) {
+    const std::uint64_t bytes = std::uint64_t{tokens} * hidden * 2;
+    struct Method {
+      const char* name;
+      arbiter_algorithm algorithm;
+    };
+    const Method methods[] = {{"fused_oneshot", ARBITER_ALGORITHM_ONESHOT},
+                              {"fused_twoshot", ARBITER_ALGORITHM_TWOSHOT},
+                              {"separate_steps", ARBITER_ALGORITHM_NATIVE}};
+    for (const Method& m : methods) {
+      arbiter_allreduce_args a{};
+      a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+      a.dtype = ARBITER_DTYPE_BF16;
+      a.algorithm = m.algorithm;
+      a.tokens = tokens;
+      a.hidden = hidden;
+      a.input = input_.data();
+      a.residual_in = residual_.data();
+      a.residual_out = residual_out_.data();
+      a.gamma = gamma_.data();
+      a.eps = 1e-6f;
+      a.norm_out = norm_out_.data();
+      bool skipped = false;
+      std::vector<double> times = time_calls(bytes, [&] {
+        const std::int32_t status = shm_.run(ws_, &a, nullptr);
+        if (status == ARBITER_UNSUPPORTED) {
+          skipped = true;  // every rank gets the same answer for the same shape
+          return false;
+        }
+        if (status != ARBITER_OK) die(std::string(m.name) + ": " + shm_.last_error());
+        return true;
+      });
+      if (skipped) {
+        if (boot_.rank() == 0) {
+          std::printf("%d,%llu,%u,%s,skipped,,\n", boot_.world_size(),
+                      static_cast<unsigned long long>(bytes), tokens, m.name);
+        }
+        continue;
+      }
+      print(bytes, tokens, m.name, summary_of_max(boot_, times));
+    }
+    // memcpy of the same bytes, all ranks at once, for the machine's bandwidth.
+    std::vector<double> times = time_calls(bytes, [&] {
+      std::memcpy(copy_dst_.data(), input_.data(), bytes);
+      asm volatile("" : : "r"(copy_dst_.data()) : "memory");
+      return true;
+    });
+    print(bytes, tokens, "memcpy", summary_of_max(boot_, times));
+    std::fflush(stdout);
+  }
+
+  void print(std::uint64_t bytes, std::uint32_t tokens, const char* method, const Summary& us) {
+    if (boot_.rank() != 0) return;
+    std::printf("%d,%llu,%u,%s,%.2f,%.3f,%.2f\n", boot_.world_size(),
+                static_cast<unsigned long long>(bytes), tokens, method, us.median,
+                us.median > 0 ? static_cast<double>(bytes) / us.median / 1e3 : 0.0, us.p90);
+  }
+
+ private:
+  // Per-call times of the trials (two warm-up trials first); `call` returns
+  // false to stop (the shape is refused).
+  template <class Call>
+  std::vector<double> time_calls(std::uint64_t bytes, Call call) {
+    std::vector<double> times;
+    const int calls = calls_per_trial(bytes);
+    for (int t = -2; t < opt_.trials; ++t) {
+      if (!boot_.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
+      const auto start = Clock::now();
+      for (int c = 0; c < calls; ++c) {
+        if (!call()) return {};
+      }
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      if (t >= 0) times.push_back(us / calls);
+    }
+    return times;
+  }
+
+  arbiter::Bootstrap& boot_;
+  const arbiter_backend_v1_t& shm_;
+  arbiter_workspace* ws_;
+  const Options& opt_;
+  std::vector<std::uint16_t> input_, residual_, residual_out_, norm_out_, gamma_, copy_dst_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,22 +296,7 @@ int main(int argc, char** argv) {
   if (shm->workspace_create(boot.oob(), &spec, &ws) != ARBITER_OK) {
     die(std::string("workspace_create: ") + shm->last_error());
   }
-
-  const std::size_t max_elems = opt.to / 2;
-  std::vector<std::uint16_t> input(max_elems), residual(max_elems), residual_out(max_elems),
-      norm_out(max_elems), gamma(hidden, 0x3F80 /* 1.0 */), copy_dst(max_elems);
-  for (std::size_t i = 0; i < max_elems; ++i) {
-    input[i] = static_cast<std::uint16_t>(0x3C00 + (i * 7 + boot.rank()) % 256);  // ~1.0..1.5
-    residual[i] = 0x3F00;                                                         // 0.5
-  }
-
-  struct Method {
-    const char* name;
-    arbiter_algorithm algorithm;
-  };
-  const Method methods[] = {{"fused_oneshot", ARBITER_ALGORITHM_ONESHOT},
-                            {"fused_twoshot", ARBITER_ALGORITHM_TWOSHOT},
-                            {"separate_steps", ARBITER_ALGORITHM_NATIVE}};
+  Runner runner(boot, *shm, ws, opt);
   if (boot.rank() == 0) {
     std::printf(
         "# arbiter-bench-shm: world_size=%d hidden=%u dtype=bf16 pattern=residual_rmsnorm "
@@ -148,72 +304,18 @@ int main(int argc, char** argv) {
         boot.world_size(), hidden, opt.trials);
     std::printf("world_size,bytes,num_tokens,method,latency_us,effective_GBps,p90_us\n");
   }
+  std::vector<double> round_trips = pingpong(boot, opt.trials);
+  runner.print(8, 0, "pingpong", summary_of_max(boot, round_trips));
   for (std::uint64_t bytes = opt.from; bytes <= opt.to; bytes *= 2) {
-    const auto tokens = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, bytes / token_bytes));
-    const std::uint64_t real_bytes = std::uint64_t{tokens} * token_bytes;
-    for (const Method& m : methods) {
-      arbiter_allreduce_args a{};
-      a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
-      a.dtype = ARBITER_DTYPE_BF16;
-      a.algorithm = m.algorithm;
-      a.tokens = tokens;
-      a.hidden = hidden;
-      a.input = input.data();
-      a.residual_in = residual.data();
-      a.residual_out = residual_out.data();
-      a.gamma = gamma.data();
-      a.eps = 1e-6f;
-      a.norm_out = norm_out.data();
-      std::vector<double> times;
-      bool skipped = false;
-      const int calls = calls_per_trial(real_bytes);
-      for (int t = -2; t < opt.trials && !skipped; ++t) {  // two warm-up trials
-        if (!boot.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
-        const auto start = Clock::now();
-        for (int c = 0; c < calls; ++c) {
-          const std::int32_t status = shm->run(ws, &a, nullptr);
-          if (status == ARBITER_UNSUPPORTED) {
-            skipped = true;  // every rank gets the same answer for the same shape
-            break;
-          }
-          if (status != ARBITER_OK) die(std::string(m.name) + ": " + shm->last_error());
-        }
-        const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-        if (t >= 0) times.push_back(us / calls);
-      }
-      if (skipped) {
-        if (boot.rank() == 0) {
-          std::printf("%d,%llu,%u,%s,skipped,\n", boot.world_size(),
-                      static_cast<unsigned long long>(real_bytes), tokens, m.name);
-        }
-        continue;
-      }
-      const Summary us = summary_of_max(boot, times);
-      if (boot.rank() == 0) {
-        std::printf("%d,%llu,%u,%s,%.1f,%.3f,%.1f\n", boot.world_size(),
-                    static_cast<unsigned long long>(real_bytes), tokens, m.name, us.median,
-                    static_cast<double>(real_bytes) / us.median / 1e3, us.p90);
-      }
-    }
-    // memcpy of the same bytes, all ranks at once, for the machine's bandwidth.
-    std::vector<double> times;
-    const int calls = calls_per_trial(real_bytes);
-    for (int t = -2; t < opt.trials; ++t) {
-      if (!boot.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
-      const auto start = Clock::now();
-      for (int c = 0; c < calls; ++c) {
-        std::memcpy(copy_dst.data(), input.data(), real_bytes);
-        asm volatile("" : : "r"(copy_dst.data()) : "memory");
-      }
-      const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-      if (t >= 0) times.push_back(us / calls);
-    }
-    const Summary us = summary_of_max(boot, times);
-    if (boot.rank() == 0) {
-      std::printf("%d,%llu,%u,memcpy,%.1f,%.3f,%.1f\n", boot.world_size(),
-                  static_cast<unsigned long long>(real_bytes), tokens, us.median,
-                  static_cast<double>(real_bytes) / us.median / 1e3, us.p90);
-      std::fflush(stdout);
+    runner.shape(static_cast<std::uint32_t>(std::max<std::uint64_t>(1, bytes / token_bytes)),
+                 hidden);
+  }
+  // A decode-shaped call (1 token) and a prefill-shaped one (4096 tokens),
+  // hidden 4096, where the workspace holds them.
+  if (boot.rank() == 0) std::printf("# decode and prefill shapes: hidden=4096\n");
+  for (std::uint32_t tokens : {1u, 4096u}) {
+    if (std::uint64_t{tokens} * Runner::kShapeHidden * 2 <= opt.to) {
+      runner.shape(tokens, Runner::kShapeHidden);
     }
   }
   shm->workspace_destroy(ws);

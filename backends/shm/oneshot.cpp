@@ -1,14 +1,13 @@
 // One-shot over double-buffered slots, chunk by chunk, with sequence numbers.
 //
 // Call n (counted per workspace, the same on every rank) uses parity
-// p = n % 2. Each rank copies chunk k of its input into its slot of parity p
-// and then stores n + 1 into its sequence line for (p, k) with release
-// order; then it waits (acquire) until every peer's line for (p, k) holds
-// n + 1, sums the chunk's tokens over the ranks in rank order into one fp32
-// row (from +0.0, as two-shot and native sum, so an all -0.0 column gives
-// +0.0 everywhere) and
-// applies the epilogue to each token while the row is in cache
-// (token_kernels.h).
+// p = n % 2. Each rank copies each chunk k of its input into its slot of
+// parity p and stores n + 1 into its sequence line for (p, k) with release
+// order. Then, chunk by chunk, it waits (acquire) until every peer's line
+// for (p, k) holds n + 1, sums the chunk's tokens over the ranks in rank
+// order into one fp32 row (from +0.0, as two-shot and native sum, so an all
+// -0.0 column gives +0.0 everywhere) and applies the epilogue to each token
+// while the row is in cache (token_kernels.h).
 //
 // Why a rank may overwrite its slot of parity p in call n: every peer has
 // left call n - 2, the last one that read it. A rank starts call n only
@@ -48,15 +47,21 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   std::byte* mine = workspace.oneshot_slot(parity, rank);
   const auto* input = static_cast<const std::byte*>(args.input);
 
-  Backoff backoff = workspace.start_call();
+  // Publish every chunk of this rank's input first (the data, then the
+  // sequence number): a rank never waits before all its data is out, so a
+  // peer that is descheduled mid-call costs the others one wait, not one
+  // per chunk. Peers start on chunk 0 as soon as it is published.
   for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
-    // Publish this rank's chunk: the data, then the sequence number.
     std::memcpy(mine + first * row_bytes, input + first * row_bytes, tokens * row_bytes);
     shared_word<std::uint64_t>(
         reinterpret_cast<std::byte*>(workspace.oneshot_sequence(parity, rank, chunk)))
         .store(published, std::memory_order_release);
-    // Every peer's chunk.
+  }
+  // Then, chunk by chunk, every peer's data and the sums.
+  Backoff backoff = workspace.start_call();
+  for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
+    const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
     for (std::int32_t q = 0; q < ranks; ++q) {
       if (q == rank) continue;
       auto sequence = shared_word<std::uint64_t>(
