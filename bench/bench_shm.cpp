@@ -6,6 +6,9 @@
 // Run one process per rank:
 //   arbiter launch --nproc 4 -- arbiter-bench-shm [--from 4KiB] [--to 64MiB]
 //                                                 [--hidden 1024] [--trials 15]
+//                                                 [--load N]
+// --load N: rank 0 keeps N busy processes (a spin loop each) running for
+// the whole run, for figures on a loaded host.
 // Rank 0 prints a CSV: world_size, bytes (per rank), num_tokens, method,
 // latency_us (median over trials of the slowest rank's per-call time, calls
 // back to back), effective_GBps (bytes / latency), p90_us. Methods:
@@ -15,7 +18,10 @@
 // After the power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
 // prefill-shaped (4096 x 4096) row, where --to holds them.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +46,7 @@ struct Options {
   std::uint64_t to = 64 * arbiter::kMiB;
   std::uint32_t hidden = 1024;
   int trials = 15;
+  int load = 0;  // busy processes rank 0 keeps running for the whole run
 };
 
 [[noreturn]] void die(const std::string& message) {
@@ -68,10 +75,14 @@ Options parse(int argc, char** argv) {
       o.hidden = static_cast<std::uint32_t>(std::stoul(value()));
     else if (a == "--trials")
       o.trials = std::stoi(value());
+    else if (a == "--load")
+      o.load = std::stoi(value());
     else
-      die("unknown option " + a + " (--from, --to, --hidden, --trials)");
+      die("unknown option " + a + " (--from, --to, --hidden, --trials, --load)");
   }
-  if (o.hidden == 0 || o.trials < 3 || o.from > o.to) die("bad options");
+  if (o.hidden == 0 || o.trials < 3 || o.from > o.to || o.load < 0 || o.load > 64) {
+    die("bad options");
+  }
   return o;
 }
 
@@ -163,6 +174,34 @@ std::vector<double> pingpong(arbiter::Bootstrap& boot, int trials) {
   if (memory != MAP_FAILED) munmap(memory, 4096);
   return times;
 }
+
+// `count` processes that spin on the CPU until this object goes away, so
+// that figures under load are reproducible (a host never idle: tokenizers,
+// the scheduler, other workers). Each also dies with its parent.
+class BusyProcesses {
+ public:
+  explicit BusyProcesses(int count) {
+    for (int i = 0; i < count; ++i) {
+      const pid_t pid = fork();
+      if (pid < 0) die("--load: fork failed");
+      if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        volatile std::uint64_t spin = 0;
+        for (;;) spin = spin + 1;
+      }
+      children_.push_back(pid);
+    }
+  }
+  ~BusyProcesses() {
+    for (pid_t pid : children_) kill(pid, SIGKILL);
+    for (pid_t pid : children_) waitpid(pid, nullptr, 0);
+  }
+  BusyProcesses(const BusyProcesses&) = delete;
+  BusyProcesses& operator=(const BusyProcesses&) = delete;
+
+ private:
+  std::vector<pid_t> children_;
+};
 
 // Times one shape in every method and memcpy; rank 0 prints the rows.
 class Runner {
@@ -297,11 +336,12 @@ int main(int argc, char** argv) {
     die(std::string("workspace_create: ") + shm->last_error());
   }
   Runner runner(boot, *shm, ws, opt);
+  const BusyProcesses load(boot.rank() == 0 ? opt.load : 0);
   if (boot.rank() == 0) {
     std::printf(
         "# arbiter-bench-shm: world_size=%d hidden=%u dtype=bf16 pattern=residual_rmsnorm "
-        "trials=%d\n",
-        boot.world_size(), hidden, opt.trials);
+        "trials=%d load=%d\n",
+        boot.world_size(), hidden, opt.trials, opt.load);
     std::printf("world_size,bytes,num_tokens,method,latency_us,effective_GBps,p90_us\n");
   }
   std::vector<double> round_trips = pingpong(boot, opt.trials);
