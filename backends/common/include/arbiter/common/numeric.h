@@ -23,48 +23,44 @@ struct Bfloat16 {
   std::uint16_t bits;
 };
 
-ARBITER_HD inline std::uint16_t float_to_half_bits(float value) {
+// Both fp16 conversions compute every case and select, without branches or
+// loops, so that loops over them vectorise (the shm backend's kernels).
+
+ARBITER_HD ARBITER_HOST_INLINE inline std::uint16_t float_to_half_bits(float value) {
   const std::uint32_t bits = float_bits(value);
-  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
   const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
-  if (magnitude > 0x7F800000u) {  // NaN: keep the top payload bits, force quiet
-    return static_cast<std::uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x03FFu));
-  }
-  // 65520 (halfway between 65504 and 2^16) and above round to infinity.
-  if (magnitude >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
-  if (magnitude < 0x38800000u) {  // below 2^-14: an fp16 subnormal (or zero)
-    const std::uint32_t exponent = magnitude >> 23;
-    if (exponent == 0) return sign;  // float zero or subnormal: far below 2^-25
-    const std::uint32_t mantissa = (magnitude & 0x007FFFFFu) | 0x00800000u;
-    // value = mantissa * 2^(exponent-150); in units of 2^-24 that is
-    // mantissa / 2^(126-exponent). A carry into 0x400 is the smallest normal.
-    return static_cast<std::uint16_t>(sign | shift_right_rne(mantissa, 126 - exponent));
-  }
-  // Normal: rebias the exponent (127 -> 15) and round away 13 mantissa bits;
-  // a carry out of the mantissa correctly bumps the exponent.
+  // Normal: rebias the exponent (127 -> 15) and round away 13 mantissa bits
+  // to nearest even; a carry out of the mantissa correctly bumps the exponent.
   const std::uint32_t rebased = magnitude - (112u << 23);
-  return static_cast<std::uint16_t>(sign | shift_right_rne(rebased, 13));
+  const std::uint32_t normal = (rebased + 0x0FFFu + ((rebased >> 13) & 1u)) >> 13;
+  // Below 2^-14, an fp16 subnormal (or zero) counts units of 2^-24: adding
+  // 0.5 (whose ulp is 2^-24) rounds |value| to a whole number of them,
+  // ties to even, in the mantissa. A carry into 0x400 is the smallest normal.
+  const std::uint32_t subnormal = float_bits(bits_float(magnitude) + 0.5f) - 0x3F000000u;
+  // NaN: keep the top payload bits, force quiet.
+  const std::uint32_t nan = 0x7E00u | ((magnitude >> 13) & 0x03FFu);
+  std::uint32_t out = magnitude < 0x38800000u ? subnormal : normal;
+  // 65520 (halfway between 65504 and 2^16) and above round to infinity.
+  out = magnitude >= 0x477FF000u ? 0x7C00u : out;
+  out = magnitude > 0x7F800000u ? nan : out;
+  return static_cast<std::uint16_t>(sign | out);
 }
 
-ARBITER_HD inline float half_bits_to_float(std::uint16_t half) {
+ARBITER_HD ARBITER_HOST_INLINE inline float half_bits_to_float(std::uint16_t half) {
   const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
   const std::uint32_t exponent = (half >> 10) & 0x1Fu;
-  std::uint32_t mantissa = half & 0x03FFu;
-  if (exponent == 0x1F) return bits_float(sign | 0x7F800000u | (mantissa << 13));
-  if (exponent == 0) {
-    if (mantissa == 0) return bits_float(sign);
-    // Subnormal: normalise; every fp16 subnormal is a normal float.
-    std::uint32_t float_exponent = 113;
-    while ((mantissa & 0x0400u) == 0) {
-      mantissa <<= 1;
-      --float_exponent;
-    }
-    return bits_float(sign | (float_exponent << 23) | ((mantissa & 0x03FFu) << 13));
-  }
-  return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  const std::uint32_t mantissa = half & 0x03FFu;
+  const std::uint32_t normal = ((exponent + 112u) << 23) | (mantissa << 13);
+  const std::uint32_t special = 0x7F800000u | (mantissa << 13);  // infinity, NaN
+  // Subnormal or zero: mantissa x 2^-24, exact (a normal float).
+  const std::uint32_t subnormal = float_bits(static_cast<float>(mantissa) * 0x1p-24f);
+  std::uint32_t magnitude = exponent == 0 ? subnormal : normal;
+  magnitude = exponent == 0x1Fu ? special : magnitude;
+  return bits_float(sign | magnitude);
 }
 
-ARBITER_HD inline std::uint16_t float_to_bf16_bits(float value) {
+ARBITER_HD ARBITER_HOST_INLINE inline std::uint16_t float_to_bf16_bits(float value) {
   const std::uint32_t bits = float_bits(value);
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN: truncate, force quiet
     return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
@@ -75,7 +71,7 @@ ARBITER_HD inline std::uint16_t float_to_bf16_bits(float value) {
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
 }
 
-ARBITER_HD inline float bf16_bits_to_float(std::uint16_t bf16) {
+ARBITER_HD ARBITER_HOST_INLINE inline float bf16_bits_to_float(std::uint16_t bf16) {
   return bits_float(static_cast<std::uint32_t>(bf16) << 16);
 }
 
@@ -93,7 +89,8 @@ ARBITER_HD constexpr bool is_valid_dtype(std::int64_t dtype) {
 }
 
 // The storage bits of `value` in `dtype` (16-bit types in the low half).
-ARBITER_HD inline std::uint32_t float_to_dtype_bits(float value, arbiter_dtype dtype) {
+ARBITER_HD ARBITER_HOST_INLINE inline std::uint32_t float_to_dtype_bits(float value,
+                                                                        arbiter_dtype dtype) {
   switch (dtype) {
     case ARBITER_DTYPE_FP16:
       return float_to_half_bits(value);
@@ -104,7 +101,8 @@ ARBITER_HD inline std::uint32_t float_to_dtype_bits(float value, arbiter_dtype d
   }
 }
 
-ARBITER_HD inline float dtype_bits_to_float(std::uint32_t bits, arbiter_dtype dtype) {
+ARBITER_HD ARBITER_HOST_INLINE inline float dtype_bits_to_float(std::uint32_t bits,
+                                                                arbiter_dtype dtype) {
   switch (dtype) {
     case ARBITER_DTYPE_FP16:
       return half_bits_to_float(static_cast<std::uint16_t>(bits));

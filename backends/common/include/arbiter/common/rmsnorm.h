@@ -79,15 +79,6 @@ ARBITER_HD inline std::uint8_t nvfp4_quantize_block(const float* y, std::uint32_
   return sf;
 }
 
-// Host code: always inlined, so that a caller compiled for a wider ISA (the
-// shm backend's per-level clones, token_kernels.cpp) vectorises it for that
-// ISA instead of calling one baseline copy.
-#if defined(__CUDACC__) || !defined(__GNUC__)
-#define ARBITER_HOST_INLINE
-#else
-#define ARBITER_HOST_INLINE __attribute__((always_inline))
-#endif
-
 // The host epilogue adds the square of element i into partial sum
 // i % kEpilogueLanes and then the partial sums in order, so the sum of
 // squares has the same bits whatever the vector width.
