@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <string_view>
 
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/nvfp4.h"
@@ -32,7 +31,9 @@ struct CallBuffer {
   std::uintptr_t begin;
   std::uint64_t bytes;
   bool output;
-  bool in_place_ok;  // an element-typed output: may be exactly input or residual_in
+  // An output that may be exactly an in-place source, or an input that is
+  // one (input, residual_in).
+  bool in_place;
 };
 
 inline std::uint64_t saturating_mul(std::uint64_t a, std::uint64_t b) {
@@ -62,14 +63,13 @@ inline Status check_aliasing(const arbiter_allreduce_args& a) {
   CallBuffer buffers[9];
   int n = 0;
   const auto add = [&](const char* name, const void* p, bool by_pattern, std::uint64_t bytes,
-                       bool output, bool in_place_ok) {
+                       bool output, bool in_place) {
     if (p != nullptr && by_pattern) {
-      buffers[n++] =
-          CallBuffer{name, reinterpret_cast<std::uintptr_t>(p), bytes, output, in_place_ok};
+      buffers[n++] = CallBuffer{name, reinterpret_cast<std::uintptr_t>(p), bytes, output, in_place};
     }
   };
-  add("input", a.input, true, values, false, false);
-  add("residual_in", a.residual_in, norm, values, false, false);
+  add("input", a.input, true, values, false, true);
+  add("residual_in", a.residual_in, norm, values, false, true);
   add("gamma", a.gamma, norm, saturating_mul(a.hidden, dtype_size(a.dtype)), false, false);
   add("scale", a.scale, fp8 || fp4, sizeof(float), false, false);
   add("allreduce_out", a.allreduce_out, true, values, true, true);
@@ -78,10 +78,7 @@ inline Status check_aliasing(const arbiter_allreduce_args& a) {
   add("quant_out", a.quant_out, fp8 || fp4, fp4 ? elements / 2 : elements, true, false);
   add("scale_out", a.scale_out, fp4, scale_bytes, true, false);
 
-  const auto is_in_place_source = [](const CallBuffer& b) {
-    return !b.output &&
-           (b.name == std::string_view("input") || b.name == std::string_view("residual_in"));
-  };
+  const auto is_in_place_source = [](const CallBuffer& b) { return !b.output && b.in_place; };
   for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n; ++j) {
       const CallBuffer& x = buffers[i];
@@ -89,14 +86,13 @@ inline Status check_aliasing(const arbiter_allreduce_args& a) {
       if (!(x.output || y.output) || !buffers_overlap(x, y)) continue;
       const CallBuffer& out = y.output ? y : x;
       const CallBuffer& other = y.output ? x : y;
-      if (!other.output && out.in_place_ok && is_in_place_source(other) &&
-          out.begin == other.begin) {
+      if (out.in_place && is_in_place_source(other) && out.begin == other.begin) {
         continue;  // in place
       }
       std::string why;
       if (other.output) {
         why = "outputs must not share memory";
-      } else if (!out.in_place_ok) {
+      } else if (!out.in_place) {
         why = std::string(out.name) + " must not overlap any other buffer";
       } else if (is_in_place_source(other)) {
         why =
