@@ -1,8 +1,9 @@
 // Waiting on another process without starving it: spin with `pause` for a
 // few microseconds (a peer that is running arrives within them), then give
 // the core away with sched_yield (a peer that is not running gets it), and
-// only a wait past a millisecond sleeps, in short naps: no sleep on the fast
-// path, where a nap costs 50+ us of timer slack. CI runs 8 ranks on 2 cores,
+// only a wait past a millisecond sleeps, on a futex the peer's publish wakes
+// (futex.h): no sleep on the fast path, where a timed nap costs 50+ us of
+// timer slack. CI runs 8 ranks on 2 cores,
 // so a rank that only spins keeps the rank it waits for off the CPU.
 //
 // Every wait has a deadline and also stops when any rank has declared the
@@ -17,6 +18,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "futex.h"
+
 namespace arbiter::shm {
 
 enum class WaitState { kKeepWaiting, kTimedOut, kPeerFailed };
@@ -26,12 +29,14 @@ class Backoff {
   using Clock = std::chrono::steady_clock;
 
   // `failed_rank` is the shared word holding (rank + 1) of a rank that gave
-  // up, or 0.
-  Backoff(Clock::time_point deadline, std::uint32_t* failed_rank)
-      : deadline_(deadline), failed_rank_(failed_rank) {}
+  // up, or 0; `sleepers` counts the ranks asleep on a futex (futex.h).
+  Backoff(Clock::time_point deadline, std::uint32_t* failed_rank, std::uint32_t* sleepers)
+      : deadline_(deadline), failed_rank_(failed_rank), sleepers_(sleepers) {}
 
-  // Call after each poll that found nothing new.
-  WaitState pause() {
+  // Call after each poll that found nothing new. Long waits sleep until
+  // *word != still (the peer's publish wakes them), at most a millisecond at
+  // a time; without a word, they nap.
+  WaitState pause(std::uint32_t* word = nullptr, std::uint32_t still = 0) {
     if (phase_ == Phase::kSpin) {
       cpu_relax();
       // The clock, the failure word and the deadline every 64 polls only.
@@ -52,6 +57,8 @@ class Backoff {
     } else if (phase_ == Phase::kYield) {
       sched_yield();
       if (waited >= kYieldFor) phase_ = Phase::kNap;
+    } else if (word != nullptr) {
+      sleep_while_equal(word, still, sleepers_, std::chrono::milliseconds(1));
     } else {
       const timespec nap{0, 50 * 1000};
       nanosleep(&nap, nullptr);
@@ -81,6 +88,7 @@ class Backoff {
 
   Clock::time_point deadline_;
   std::uint32_t* failed_rank_;
+  std::uint32_t* sleepers_;
   std::uint32_t polls_ = 0;
   Phase phase_ = Phase::kSpin;
   bool started_ = false;

@@ -16,6 +16,7 @@
 // call in between has barriers that say as much). So there is no sentinel,
 // no clearing pass and no barrier at the end.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,7 +24,7 @@
 
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
-#include "slot_io.h"
+#include "futex.h"
 #include "token_kernels.h"
 
 namespace arbiter::shm {
@@ -37,7 +38,9 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t chunk_tokens = oneshot_chunk_tokens(row_bytes);
   const std::uint64_t call = workspace.oneshot_calls++;
   const auto parity = static_cast<std::uint32_t>(call % 2);
-  const std::uint64_t published = call + 1;
+  // Lines of parity p hold (n - 1) or (n + 1) mod 2^32 during call n:
+  // distinct, so equality is a test that cannot wrap.
+  const auto published = static_cast<std::uint32_t>(call + 1);
 
   if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
   float* row = workspace.accumulator.data();
@@ -54,9 +57,8 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
     std::memcpy(mine + first * row_bytes, input + first * row_bytes, tokens * row_bytes);
-    shared_word<std::uint64_t>(
-        reinterpret_cast<std::byte*>(workspace.oneshot_sequence(parity, rank, chunk)))
-        .store(published, std::memory_order_release);
+    publish_and_wake(workspace.oneshot_sequence(parity, rank, chunk), published,
+                     workspace.sleepers());
   }
   // Then, chunk by chunk, every peer's data and the sums.
   Backoff backoff = workspace.start_call();
@@ -64,10 +66,10 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
     for (std::int32_t q = 0; q < ranks; ++q) {
       if (q == rank) continue;
-      auto sequence = shared_word<std::uint64_t>(
-          reinterpret_cast<std::byte*>(workspace.oneshot_sequence(parity, q, chunk)));
-      while (sequence.load(std::memory_order_acquire) < published) {
-        const WaitState state = backoff.pause();
+      std::uint32_t* line = workspace.oneshot_sequence(parity, q, chunk);
+      for (std::uint32_t seen; (seen = std::atomic_ref<std::uint32_t>(*line).load(
+                                    std::memory_order_acquire)) != published;) {
+        const WaitState state = backoff.pause(line, seen);
         if (state != WaitState::kKeepWaiting) {
           return workspace.wait_failed(
               state, "rank " + std::to_string(q) + "'s one-shot data (chunk " +

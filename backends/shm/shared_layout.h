@@ -8,7 +8,7 @@
 //
 // A slot holds one rank's message (max_message_bytes, rounded up to 64).
 // One-shot call n uses parity n % 2; a rank publishes chunk k of its slot by
-// storing n + 1 into its line for (parity, k) after the chunk's data
+// storing (n + 1) mod 2^32 into its line for (parity, k) after the chunk's data
 // (oneshot.cpp). Rank 0 writes the header before anyone else maps the
 // object; the rest starts zeroed.
 #pragma once
@@ -20,7 +20,7 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 2;
+inline constexpr std::uint32_t kLayoutVersion = 3;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
@@ -37,6 +37,9 @@ struct SharedHeader {
   // (rank + 1) of the first rank that gave up on a wait, or 0. Once set the
   // workspace is dead: every waiter returns and every later run() fails.
   alignas(kLine) std::uint32_t failed_rank;
+  // Ranks asleep on a futex in the mapping right now (futex.h): publishers
+  // wake only when it is not 0. Accessed only through atomic_ref.
+  alignas(kLine) std::uint32_t sleepers;
 };
 static_assert(sizeof(SharedHeader) <= kPage);
 

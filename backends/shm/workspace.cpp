@@ -7,6 +7,7 @@
 
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/stages.h"
+#include "futex.h"
 #include "token_kernels.h"
 
 namespace arbiter::shm {
@@ -30,11 +31,11 @@ std::byte* Workspace::oneshot_slot(std::uint32_t parity, std::int32_t rank) {
   return static_cast<std::byte*>(base_) + layout_.oneshot + slot * layout_.slot_stride;
 }
 
-std::uint64_t* Workspace::oneshot_sequence(std::uint32_t parity, std::int32_t rank,
+std::uint32_t* Workspace::oneshot_sequence(std::uint32_t parity, std::int32_t rank,
                                            std::size_t chunk) {
   const std::size_t line =
       (static_cast<std::size_t>(parity) * world_size_ + rank) * layout_.oneshot_chunks + chunk;
-  return reinterpret_cast<std::uint64_t*>(static_cast<std::byte*>(base_) +
+  return reinterpret_cast<std::uint32_t*>(static_cast<std::byte*>(base_) +
                                           layout_.oneshot_sequences + line * kLine);
 }
 
@@ -47,24 +48,25 @@ std::byte* Workspace::sums() { return static_cast<std::byte*>(base_) + layout_.s
 
 Backoff Workspace::start_call() {
   return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_),
-                 &header().failed_rank);
+                 &header().failed_rank, &header().sleepers);
 }
 
 Status Workspace::barrier(Backoff& backoff, const char* what) {
   auto* flags = static_cast<std::byte*>(base_) + layout_.flags;
-  auto flag_of = [&](std::int32_t rank) {
-    return std::atomic_ref<std::uint32_t>(
-        *reinterpret_cast<std::uint32_t*>(flags + static_cast<std::size_t>(rank) * kLine));
+  auto flag_word = [&](std::int32_t rank) {
+    return reinterpret_cast<std::uint32_t*>(flags + static_cast<std::size_t>(rank) * kLine);
   };
   barrier_flag_ = common::next_flag(barrier_flag_);
-  // Release: everything this rank wrote before the barrier is visible to a
-  // peer that has seen the new flag (acquire below, on its side).
-  flag_of(rank_).store(barrier_flag_, std::memory_order_release);
+  // Release (and more): everything this rank wrote before the barrier is
+  // visible to a peer that has seen the new flag (acquire below, on its
+  // side); a peer asleep on the flag is woken.
+  publish_and_wake(flag_word(rank_), barrier_flag_, sleepers());
   const std::uint32_t not_arrived = common::previous_flag(barrier_flag_);
   for (std::int32_t peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
-    while (flag_of(peer).load(std::memory_order_acquire) == not_arrived) {
-      const WaitState state = backoff.pause();
+    std::atomic_ref<std::uint32_t> flag(*flag_word(peer));
+    while (flag.load(std::memory_order_acquire) == not_arrived) {
+      const WaitState state = backoff.pause(flag_word(peer), not_arrived);
       if (state != WaitState::kKeepWaiting) {
         return wait_failed(
             state, std::string(what) + " (rank " + std::to_string(peer) + " has not arrived)");

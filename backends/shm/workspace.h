@@ -36,7 +36,9 @@ class Workspace {
   SharedHeader& header() { return *static_cast<SharedHeader*>(base_); }
   std::byte* oneshot_slot(std::uint32_t parity, std::int32_t rank);
   // The sequence word of `rank`'s chunk `chunk` of one-shot parity `parity`.
-  std::uint64_t* oneshot_sequence(std::uint32_t parity, std::int32_t rank, std::size_t chunk);
+  std::uint32_t* oneshot_sequence(std::uint32_t parity, std::int32_t rank, std::size_t chunk);
+  // Ranks asleep on a futex in this mapping (futex.h).
+  std::uint32_t* sleepers() { return &header().sleepers; }
   std::byte* twoshot_input(std::int32_t rank);
   std::byte* sums();
   // Elements [begin, end) of every rank's two-shot input, summed in fp32 in
@@ -59,7 +61,7 @@ class Workspace {
   Status usable();
 
   // One-shot calls so far, the same on every rank: call n uses parity
-  // n % 2 and publishes n + 1.
+  // n % 2 and publishes (n + 1) mod 2^32.
   std::uint64_t oneshot_calls = 0;
   std::uint64_t calls = 0;  // run() calls so far, for messages
 

@@ -181,6 +181,7 @@ void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec&
   header->max_message_bytes = spec.max_message_bytes;
   header->total_bytes = layout.total;
   header->failed_rank = 0;
+  header->sleepers = 0;
 }
 
 // Step 2 on rank 0. On success `name` is linked and `*base` mapped; on
