@@ -91,16 +91,11 @@ inline constexpr std::uint32_t kEpilogueLanes = 16;
 // different ISAs, so payloads and signs would differ between builds.
 template <arbiter_dtype kDtype>
 ARBITER_HD ARBITER_HOST_INLINE inline std::uint32_t to_storage_bits(float value) {
-  const std::uint32_t bits = float_bits(value);
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  if constexpr (kDtype == ARBITER_DTYPE_BF16) {
-    const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-    return nan ? 0x7FC0u : rounded;
-  } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
-    return nan ? 0x7E00u : float_to_half_bits(value);
-  } else {
-    return nan ? 0x7FC00000u : bits;
-  }
+  constexpr std::uint32_t kCanonicalNan = kDtype == ARBITER_DTYPE_BF16   ? 0x7FC0u
+                                          : kDtype == ARBITER_DTYPE_FP16 ? 0x7E00u
+                                                                         : 0x7FC00000u;
+  const bool nan = (float_bits(value) & 0x7FFFFFFFu) > 0x7F800000u;
+  return nan ? kCanonicalNan : float_to_dtype_bits(value, kDtype);
 }
 
 template <arbiter_dtype kDtype>
@@ -143,18 +138,13 @@ ARBITER_HD ARBITER_HOST_INLINE inline void apply_epilogue_token_as(
 
   // Each element's residual is loaded before any output of it is stored
   // (same iteration), and each loop is a plain pass the compiler vectorises.
-  if (allreduce_out != nullptr) {
-    for (std::uint32_t i = 0; i < hidden; ++i) {
-      const float residual = dtype_bits_to_float(residual_in[i], dtype);
-      const float sum = rounded_to<kDtype>(row[i]);
+  for (std::uint32_t i = 0; i < hidden; ++i) {
+    const float residual = dtype_bits_to_float(residual_in[i], dtype);
+    const float sum = rounded_to<kDtype>(row[i]);
+    if (allreduce_out != nullptr) {
       allreduce_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(sum));
-      row[i] = rounded_to<kDtype>(sum + residual);
     }
-  } else {
-    for (std::uint32_t i = 0; i < hidden; ++i) {
-      const float residual = dtype_bits_to_float(residual_in[i], dtype);
-      row[i] = rounded_to<kDtype>(rounded_to<kDtype>(row[i]) + residual);
-    }
+    row[i] = rounded_to<kDtype>(sum + residual);
   }
   if (residual_out != nullptr) {
     for (std::uint32_t i = 0; i < hidden; ++i) {
