@@ -33,13 +33,14 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "arbiter/common/cuda_host.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/nvfp4.h"
 #include "arbiter/common/reference.h"
 #include "arbiter_backend.h"
+#include "device_buffers.h"
 #include "fork_ranks.h"
 #include "fused_inputs.h"
 #include "gpu_check.h"
@@ -51,6 +52,7 @@
 namespace {
 
 using arbiter::test::Bytes;
+using arbiter::test::DeviceBuffer;
 namespace common = arbiter::common;
 
 constexpr std::int64_t kTimeoutMs = 120000;
@@ -71,23 +73,6 @@ bool shared_gpu() {
 }
 
 std::string skip(const std::string& why) { return kSkip + why; }
-
-// Device memory freed with the scope.
-class DeviceMemory {
- public:
-  explicit DeviceMemory(std::size_t bytes) {
-    if (bytes != 0 && cudaMalloc(&p_, bytes) != cudaSuccess) p_ = nullptr;
-  }
-  ~DeviceMemory() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  void* get() const { return p_; }
-
- private:
-  void* p_ = nullptr;
-};
 
 // One call, as every rank makes it.
 struct Case {
@@ -143,19 +128,6 @@ std::uint64_t fnv1a(std::uint64_t h, const Bytes& bytes) {
   return h;
 }
 
-// Polls `stream` until done or `limit`; a kernel waiting for a peer that
-// never comes shows up here, not as a hung test.
-std::string wait(cudaStream_t stream, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    const cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return "";
-    if (e != cudaErrorNotReady) return std::string("CUDA: ") + cudaGetErrorString(e);
-    if (std::chrono::steady_clock::now() > deadline) return "the kernel did not finish in time";
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
 // Runs `c` on this rank; checks the outputs against the reference over
 // every rank's input. Returns "" or what is wrong; `hash` gets the output bits.
 std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, const Case& c,
@@ -165,10 +137,10 @@ std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, con
       arbiter::test::random_elements(c.elements(), c.dtype, -1.0f, 1.0f, seed_of(c) + 999u, -1);
   const Bytes gamma = arbiter::test::random_elements(c.hidden, c.dtype, 0.5f, 1.5f, 77u, -1);
   const float scale = c.scale();
-  DeviceMemory d_input(c.bytes()), d_residual(c.bytes()), d_gamma(gamma.size()), d_sum(c.bytes()),
+  DeviceBuffer d_input(c.bytes()), d_residual(c.bytes()), d_gamma(gamma.size()), d_sum(c.bytes()),
       d_residual_out(c.bytes()), d_norm(c.bytes()), d_quant(c.elements()),
       d_scales(c.scale_bytes()), d_scale(sizeof(float));
-  for (const DeviceMemory* m : {&d_input, &d_residual, &d_gamma, &d_sum, &d_residual_out, &d_norm,
+  for (const DeviceBuffer* m : {&d_input, &d_residual, &d_gamma, &d_sum, &d_residual_out, &d_norm,
                                 &d_quant, &d_scales, &d_scale}) {
     if (m->get() == nullptr) return "cudaMalloc failed";
   }
@@ -198,7 +170,10 @@ std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, con
   if (const std::int32_t s = api.run(ws, &a, stream); s != ARBITER_OK) {
     return "run: status " + std::to_string(s) + ": " + api.last_error();
   }
-  if (std::string e = wait(stream, std::chrono::milliseconds(kTimeoutMs)); !e.empty()) return e;
+  // A kernel waiting for a peer that never comes shows up here, not as a hung test.
+  if (common::Status s = common::wait_for_stream(stream, kTimeoutMs, "the call"); !s.ok()) {
+    return s.message();
+  }
 
   Outputs out;
   auto download = [](const void* from, std::size_t bytes) {
@@ -415,20 +390,23 @@ std::string lonely_body(const Options& o, int rank, int local_rank, const arbite
   std::string problem;
   if (rank == 0) {
     // Device printf goes to stdout: into a file for the length of the call.
-    char path[] = "/tmp/arbiter-lonely-XXXXXX";
-    const int file = mkstemp(path);
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/arbiter-lonely-";
+    path += "XXXXXX";  // mkstemp's template
+    const int file = mkstemp(path.data());
     std::fflush(stdout);
     const int saved = dup(STDOUT_FILENO);
     if (file < 0 || saved < 0 || dup2(file, STDOUT_FILENO) < 0) return "redirecting stdout failed";
     const Case c{
         ARBITER_DTYPE_BF16, ARBITER_PATTERN_ALLREDUCE, ARBITER_ALGORITHM_ONESHOT, 1, 1024, false};
-    DeviceMemory in(c.bytes()), out(c.bytes());
+    DeviceBuffer in(c.bytes()), out(c.bytes());
     arbiter_allreduce_args a = args_of(c);
     a.input = in.get();
     a.allreduce_out = out.get();
     const std::int32_t status = setup.api().run(ws, &a, setup.stream);
-    const std::string waited =
-        status == ARBITER_OK ? wait(setup.stream, std::chrono::milliseconds(60000)) : "";
+    const common::Status waited = status == ARBITER_OK
+                                      ? common::wait_for_stream(setup.stream, 60000, "the call")
+                                      : common::Status();
     std::fflush(stdout);
     dup2(saved, STDOUT_FILENO);
     close(saved);
@@ -439,15 +417,15 @@ std::string lonely_body(const Options& o, int rank, int local_rank, const arbite
       printed.append(buffer, static_cast<std::size_t>(n));
     }
     close(file);
-    unlink(path);
+    unlink(path.c_str());
     const std::string expected = "arbiter " + o.backend + ": rank 0 waited over 3000 ms for rank 1";
     if (status != ARBITER_OK) {
       problem = "run: status " + std::to_string(status) + ": " + setup.api().last_error();
-    } else if (waited.empty() || waited == "the kernel did not finish in time") {
+    } else if (waited.ok() || waited.code() == ARBITER_TIMEOUT) {
       problem = "the kernel did not give up on the missing rank: " +
-                (waited.empty() ? std::string("it finished") : waited);
+                (waited.ok() ? std::string("it finished") : waited.message());
     } else if (printed.find(expected) == std::string::npos) {
-      problem = "the kernel failed (" + waited + ") without printing \"" + expected +
+      problem = "the kernel failed (" + waited.message() + ") without printing \"" + expected +
                 "...\"; it printed: \"" + printed + "\"";
     } else {
       std::printf("%s: rank 0 gave up as expected: %s", o.backend.c_str(), printed.c_str());
