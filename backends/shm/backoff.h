@@ -3,8 +3,8 @@
 // the core away with sched_yield (a peer that is not running gets it), and
 // only a wait past a millisecond sleeps, on a futex the peer's publish wakes
 // (futex.h): no sleep on the fast path, where a timed nap costs 50+ us of
-// timer slack. CI runs 8 ranks on 2 cores,
-// so a rank that only spins keeps the rank it waits for off the CPU.
+// timer slack. CI runs 8 ranks on 2 cores, so a rank that only spins keeps
+// the rank it waits for off the CPU.
 //
 // Every wait has a deadline and also stops when any rank has declared the
 // workspace failed (a word in the shared mapping), so one stuck rank makes

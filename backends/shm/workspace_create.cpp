@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "arbiter/common/numeric.h"
-#include "arbiter/common/sentinel.h"
 #include "workspace.h"
 
 namespace arbiter::shm {

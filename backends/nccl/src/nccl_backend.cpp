@@ -26,7 +26,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -38,7 +37,6 @@
 #include <utility>
 #include <vector>
 
-#include "arbiter/common/aliasing.h"
 #include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/call_checks.h"
 #include "arbiter/common/collective.h"

@@ -39,35 +39,4 @@ ARBITER_HD constexpr std::uint32_t sanitize_bits(std::uint32_t bits, arbiter_dty
   return is_negative_zero_bits(bits, dtype) ? 0u : bits;
 }
 
-// Packed forms for moving 64-bit words (four 16-bit or two 32-bit lanes).
-
-// A word whose every lane is the sentinel: what a buffer is filled with.
-ARBITER_HD constexpr std::uint64_t negative_zero_word(arbiter_dtype dtype) {
-  return dtype == ARBITER_DTYPE_FP32 ? 0x8000000080000000ull : 0x8000800080008000ull;
-}
-
-// True when any lane of `word` is still the sentinel.
-ARBITER_HD constexpr bool word_has_negative_zero(std::uint64_t word, arbiter_dtype dtype) {
-  if (dtype == ARBITER_DTYPE_FP32) {
-    return static_cast<std::uint32_t>(word) == kNegativeZeroBits32 ||
-           static_cast<std::uint32_t>(word >> 32) == kNegativeZeroBits32;
-  }
-  for (int lane = 0; lane < 4; ++lane) {
-    if (static_cast<std::uint16_t>(word >> (16 * lane)) == kNegativeZeroBits16) return true;
-  }
-  return false;
-}
-
-// Every sentinel lane of `word` replaced by +0.0.
-ARBITER_HD constexpr std::uint64_t sanitize_word(std::uint64_t word, arbiter_dtype dtype) {
-  const int lane_bits = dtype == ARBITER_DTYPE_FP32 ? 32 : 16;
-  const std::uint64_t lane_mask = dtype == ARBITER_DTYPE_FP32 ? 0xFFFFFFFFull : 0xFFFFull;
-  const std::uint64_t sentinel = negative_zero_bits(dtype);
-  std::uint64_t result = word;
-  for (int shift = 0; shift < 64; shift += lane_bits) {
-    if (((word >> shift) & lane_mask) == sentinel) result &= ~(lane_mask << shift);
-  }
-  return result;
-}
-
 }  // namespace arbiter::common

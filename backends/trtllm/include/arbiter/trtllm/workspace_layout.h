@@ -9,7 +9,7 @@
 // stores never straddle a cache line. slot_bytes is the per-rank message
 // capacity rounded up to 128: min(max_message_bytes, max_tokens x hidden x
 // element size). The one-shot region must be filled with the dtype's -0.0
-// pattern (arbiter/common/sentinel.h: negative_zero_word) and every peer must
+// pattern (arbiter/common/sentinel.h: negative_zero_bits) and every peer must
 // see it before the first call; everything else starts zeroed.
 //
 // One-shot call on stage s: rank r stores its message into slot r of stage s
