@@ -91,6 +91,12 @@ budget() {
   echo "$cap"
 }
 
+# record NAME RESULT SECONDS LOG: one row of the report and of summary.json.
+record() {
+  steps+=("| $1 | $2 | $3 | $4 |")
+  json_steps+=("{\"name\": \"$1\", \"result\": \"$2\", \"seconds\": $3, \"log\": \"$4\"}")
+}
+
 # step NAME LOG TIMEOUT CMD...: runs CMD under `timeout`, output to LOG;
 # records the result; returns CMD's status.
 step() {
@@ -106,8 +112,7 @@ step() {
     124 | 137) result="FAIL (timed out after ${limit}s)" ;;
     *) result="FAIL (exit $rc)" ;;
   esac
-  steps+=("| $name | $result | $((SECONDS - t0)) | $(basename "$log") |")
-  json_steps+=("{\"name\": \"$name\", \"result\": \"$result\", \"seconds\": $((SECONDS - t0)), \"log\": \"$(basename "$log")\"}")
+  record "$name" "$result" $((SECONDS - t0)) "$(basename "$log")"
   say "$name: $result in $((SECONDS - t0))s"
   return $rc
 }
@@ -187,8 +192,7 @@ if ((built && gpu_present)); then
         [ -x "$bin" ] || continue
         # The benchmark keeps its last 90 s.
         if (($(remaining) < 150)); then
-          steps+=("| sanitizer $tool $suite | skipped (no time left) | 0 | sanitizer.log |")
-          json_steps+=("{\"name\": \"sanitizer $tool $suite\", \"result\": \"skipped (no time left)\", \"seconds\": 0, \"log\": \"sanitizer.log\"}")
+          record "sanitizer $tool $suite" "skipped (no time left)" 0 sanitizer.log
           continue
         fi
         echo "=== compute-sanitizer --tool $tool $suite (world sizes 2, 8)" >>"$out/sanitizer.log"
@@ -219,7 +223,7 @@ if ((built && gpu_present)); then
     esac
   else
     echo "arbiter-bench-fused was not built (are the trtllm and mnnvl module targets defined?)" >"$out/bench.log"
-    steps+=("| benchmark | FAIL (not built) | 0 | bench.log |")
+    record benchmark "FAIL (not built)" 0 bench.log
     failed=1
   fi
 elif ((built)); then
