@@ -24,6 +24,7 @@ message is the C API's arbiter_last_error().
 from __future__ import annotations
 
 from ._library import library_path
+from .communicator import Communicator, FusionResult
 from .errors import ArbiterError, Status
 from .policy import (
     Decision,
@@ -40,6 +41,8 @@ from .policy import (
 
 __all__ = [
     "ArbiterError",
+    "Communicator",
+    "FusionResult",
     "Decision",
     "Dtype",
     "Pattern",

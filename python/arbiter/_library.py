@@ -19,9 +19,12 @@ import threading
 from ctypes import (
     POINTER,
     Structure,
+    CFUNCTYPE,
     c_char_p,
+    c_float,
     c_int,
     c_int32,
+    c_int64,
     c_size_t,
     c_uint32,
     c_uint64,
@@ -62,6 +65,82 @@ class CDecision(Structure):
     ]
 
 
+# arbiter_oob's functions (backends/abi/arbiter_backend.h). last_error
+# returns a pointer the callee keeps alive (c_void_p: ctypes cannot return a
+# c_char_p from a callback without leaking or dangling).
+OobAllgather = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_void_p, c_size_t, c_int64)
+OobBroadcast = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_size_t, c_int32, c_int64)
+OobBarrier = CFUNCTYPE(c_int32, c_void_p, c_int64)
+OobLastError = CFUNCTYPE(c_void_p, c_void_p)
+
+
+class COob(Structure):
+    """arbiter_oob."""
+
+    _fields_ = [
+        ("ctx", c_void_p),
+        ("rank", c_int32),
+        ("size", c_int32),
+        ("allgather", OobAllgather),
+        ("broadcast", OobBroadcast),
+        ("barrier", OobBarrier),
+        ("last_error", OobLastError),
+    ]
+
+
+class CCommOptions(Structure):
+    """arbiter_comm_options."""
+
+    _fields_ = [
+        ("capability", c_uint32),
+        ("nodes", c_uint32),
+        ("nvlink_domain", c_uint32),
+        ("multicast", c_uint32),
+        ("device", c_int32),
+        ("max_tokens", c_uint32),
+        ("hidden", c_uint32),
+        ("dtype", c_int),  # arbiter_dtype
+        ("pattern_mask", c_uint32),
+        ("timeout_ms", c_int64),
+    ]
+
+
+class CCommInfo(Structure):
+    """arbiter_comm_info."""
+
+    _fields_ = [
+        ("rank", c_int32),
+        ("world_size", c_int32),
+        ("device", c_int32),
+        ("backend_mask", c_uint32),
+        ("fingerprint", c_uint64),
+    ]
+
+
+class CAllreduceArgs(Structure):
+    """arbiter_allreduce_args."""
+
+    _fields_ = [
+        ("pattern", c_int),  # arbiter_pattern
+        ("dtype", c_int),  # arbiter_dtype
+        ("algorithm", c_int),  # arbiter_algorithm
+        ("tokens", c_uint32),
+        ("hidden", c_uint32),
+        ("flags", c_uint32),
+        ("input", c_void_p),
+        ("allreduce_out", c_void_p),
+        ("residual_in", c_void_p),
+        ("residual_out", c_void_p),
+        ("gamma", c_void_p),
+        ("eps", c_float),
+        ("weight_bias", c_float),
+        ("norm_out", c_void_p),
+        ("quant_out", c_void_p),
+        ("scale_out", c_void_p),
+        ("scale", c_void_p),
+    ]
+
+
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.arbiter_last_error.argtypes = []
     lib.arbiter_last_error.restype = c_char_p
@@ -93,6 +172,30 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(c_size_t),
     ]
     lib.arbiter_explain.restype = c_int32
+    lib.arbiter_comm_create.argtypes = [
+        POINTER(COob),
+        c_void_p,
+        POINTER(CCommOptions),
+        POINTER(c_void_p),
+    ]
+    lib.arbiter_comm_create.restype = c_int32
+    lib.arbiter_comm_create_from_environment.argtypes = [
+        c_void_p,
+        POINTER(CCommOptions),
+        POINTER(c_void_p),
+    ]
+    lib.arbiter_comm_create_from_environment.restype = c_int32
+    lib.arbiter_comm_get_info.argtypes = [c_void_p, POINTER(CCommInfo)]
+    lib.arbiter_comm_get_info.restype = c_int32
+    lib.arbiter_comm_allreduce_fusion.argtypes = [
+        c_void_p,
+        POINTER(CAllreduceArgs),
+        c_void_p,
+        POINTER(CDecision),
+    ]
+    lib.arbiter_comm_allreduce_fusion.restype = c_int32
+    lib.arbiter_comm_destroy.argtypes = [c_void_p]
+    lib.arbiter_comm_destroy.restype = None
     return lib
 
 

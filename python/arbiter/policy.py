@@ -185,6 +185,17 @@ class Decision:
     cap: int | None
 
 
+def decision_from_c(lib: ctypes.CDLL, out: _library.CDecision) -> Decision:
+    """The C API's arbiter_decision as a Decision."""
+    return Decision(
+        backend=lib.arbiter_backend_name(out.backend).decode(),
+        algorithm=_ALGORITHMS[out.algorithm] if 0 <= out.algorithm < 3 else str(out.algorithm),
+        fused=bool(out.fused),
+        reason=_REASONS[out.reason] if out.reason < len(_REASONS) else str(out.reason),
+        cap=None if out.cap == _NO_CAP else int(out.cap),
+    )
+
+
 def _request(request: Request | None, fields: dict) -> Request:
     if request is None:
         return Request(**fields)
@@ -266,14 +277,7 @@ class Policy:
         _library.check(
             self._lib, self._lib.arbiter_decide(self._live(), ctypes.byref(c), ctypes.byref(out))
         )
-        backend = self._lib.arbiter_backend_name(out.backend).decode()
-        return Decision(
-            backend=backend,
-            algorithm=_ALGORITHMS[out.algorithm],
-            fused=bool(out.fused),
-            reason=_REASONS[out.reason] if out.reason < len(_REASONS) else str(out.reason),
-            cap=None if out.cap == _NO_CAP else int(out.cap),
-        )
+        return decision_from_c(self._lib, out)
 
     def max_fused_bytes(self, request: Request | None = None, /, **fields: object) -> int | None:
         """The largest message fused for this call site at any size (its bytes

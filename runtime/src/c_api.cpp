@@ -2,8 +2,11 @@
 #include "arbiter/arbiter.h"
 
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
 
+#include "arbiter/bootstrap.h"
 #include "arbiter/communicator.h"
 #include "arbiter/policy.h"
 #include "arbiter/registry.h"
@@ -13,8 +16,12 @@ struct arbiter_policy {
 };
 
 struct arbiter_comm {
-  arbiter::Registry registry;
+  // Declared first so that it is destroyed last: destroying the
+  // communicator is collective over the group's oob.
+  std::shared_ptr<arbiter::Bootstrap> bootstrap;
+  std::optional<arbiter::Registry> registry;  // set before comm, which refers to it
   std::unique_ptr<arbiter::Communicator> comm;
+  int device = -1;
 };
 
 namespace {
@@ -158,35 +165,133 @@ int32_t arbiter_explain(const arbiter_policy* policy, const arbiter_request* req
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+arbiter::CommunicatorOptions to_options(const arbiter_comm_options& in) {
+  arbiter::CommunicatorOptions o;
+  o.capability = in.capability == 0
+                     ? arbiter::Capability::cpu()
+                     : arbiter::Capability::sm(static_cast<std::uint16_t>(in.capability));
+  o.nodes = in.nodes == 0 ? 1 : in.nodes;
+  o.nvlink_domain = in.nvlink_domain != 0;
+  o.multicast = in.multicast != 0;
+  o.device = in.device;
+  o.max_tokens = in.max_tokens;
+  o.hidden = in.hidden;
+  o.dtype = static_cast<arbiter::Dtype>(in.dtype);
+  o.pattern_mask = in.pattern_mask == 0 ? 0xF : in.pattern_mask;
+  if (in.timeout_ms > 0) o.timeout = std::chrono::milliseconds(in.timeout_ms);
+  return o;
+}
+
+bool valid_options(const arbiter_comm_options& in) {
+  if (in.dtype > ARBITER_DTYPE_FP32) {
+    g_last_error = "options: unknown dtype " + std::to_string(in.dtype);
+    return false;
+  }
+  if (in.capability != 0 && (in.capability < arbiter::Capability::kMinSm ||
+                             in.capability > arbiter::Capability::kMaxSm)) {
+    g_last_error = "options: capability " + std::to_string(in.capability) +
+                   " is not major*10+minor in 50..199 (0 for CPU ranks)";
+    return false;
+  }
+  return true;
+}
+
+// The group of arbiter_comm_create_from_environment: joined by the first
+// call, then shared by every later one for the life of the process. Rank 0
+// could not listen on MASTER_PORT again at once (the port lingers after
+// close), and a second group beside a live one would need a second port.
+// Never destroyed: at exit nothing is in flight on it, and a goodbye
+// handshake from a static destructor would delay every exit.
+std::shared_ptr<arbiter::Bootstrap> process_group(std::chrono::milliseconds timeout) {
+  static std::mutex mutex;
+  static auto* group = new std::shared_ptr<arbiter::Bootstrap>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  const arbiter::BootstrapOptions wanted = arbiter::bootstrap_options_from_environment(timeout);
+  if (*group) {
+    const arbiter::BootstrapOptions& have = (*group)->options();
+    if (have.rank != wanted.rank || have.world_size != wanted.world_size ||
+        have.master_addr != wanted.master_addr || have.master_port != wanted.master_port) {
+      throw arbiter::BootstrapError(
+          ARBITER_INVALID_ARGUMENT,
+          "bootstrap: this process already joined rank " + std::to_string(have.rank) + " of " +
+              std::to_string(have.world_size) + " at " + have.master_addr + ":" +
+              std::to_string(have.master_port) + "; the environment now says rank " +
+              std::to_string(wanted.rank) + " of " + std::to_string(wanted.world_size) + " at " +
+              wanted.master_addr + ":" + std::to_string(wanted.master_port) +
+              " (one process joins one group; use arbiter_comm_create with your own oob for "
+              "another)");
+    }
+    return *group;
+  }
+  *group = std::make_shared<arbiter::Bootstrap>(arbiter::Bootstrap::connect(wanted));
+  return *group;
+}
+
+// Creates the communicator over `oob` into `comm` (which may already own the
+// bootstrap that provides the oob).
+int32_t create_into(std::unique_ptr<arbiter_comm>& comm, const arbiter_oob& oob,
+                    const arbiter_policy& policy, const arbiter::CommunicatorOptions& o,
+                    arbiter_comm** out) {
+  arbiter::DiscoverOptions d = arbiter::DiscoverOptions::from_environment();
+  d.probe = {o.capability.is_cpu() ? ARBITER_DEVICE_CPU : ARBITER_DEVICE_GPU, o.device};
+  comm->registry.emplace(arbiter::Registry::discover(d));
+  comm->device = o.device;
+  try {
+    comm->comm = std::make_unique<arbiter::Communicator>(oob, policy.policy, *comm->registry, o);
+  } catch (const arbiter::CommunicatorError& e) {
+    return fail(ARBITER_UNAVAILABLE, e.what());
+  }
+  *out = comm.release();
+  return int32_t{ARBITER_OK};
+}
+
+}  // namespace
+
+extern "C" {
+
 int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy,
                             const arbiter_comm_options* options, arbiter_comm** out) {
   return guarded([&] {
     if (!oob || !policy || !options || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
-    arbiter::CommunicatorOptions o;
-    o.capability = options->capability == 0
-                       ? arbiter::Capability::cpu()
-                       : arbiter::Capability::sm(static_cast<std::uint16_t>(options->capability));
-    o.nodes = options->nodes == 0 ? 1 : options->nodes;
-    o.nvlink_domain = options->nvlink_domain != 0;
-    o.multicast = options->multicast != 0;
-    o.device = options->device;
-    o.max_tokens = options->max_tokens;
-    o.hidden = options->hidden;
-    o.dtype = static_cast<arbiter::Dtype>(options->dtype);
-    o.pattern_mask = options->pattern_mask == 0 ? 0xF : options->pattern_mask;
-    if (options->timeout_ms > 0) o.timeout = std::chrono::milliseconds(options->timeout_ms);
-    arbiter::DiscoverOptions d = arbiter::DiscoverOptions::from_environment();
-    d.probe = {o.capability.is_cpu() ? ARBITER_DEVICE_CPU : ARBITER_DEVICE_GPU, o.device};
-    auto comm =
-        std::make_unique<arbiter_comm>(arbiter_comm{arbiter::Registry::discover(d), nullptr});
-    try {
-      comm->comm = std::make_unique<arbiter::Communicator>(*oob, policy->policy, comm->registry, o);
-    } catch (const arbiter::CommunicatorError& e) {
-      return fail(ARBITER_UNAVAILABLE, e.what());
-    }
-    *out = comm.release();
-    return int32_t{ARBITER_OK};
+    if (!valid_options(*options)) return int32_t{ARBITER_INVALID_ARGUMENT};
+    auto comm = std::make_unique<arbiter_comm>();
+    return create_into(comm, *oob, *policy, to_options(*options), out);
   });
+}
+
+int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
+                                             const arbiter_comm_options* options,
+                                             arbiter_comm** out) {
+  return guarded([&] {
+    if (!policy || !options || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+    if (!valid_options(*options)) return int32_t{ARBITER_INVALID_ARGUMENT};
+    arbiter::CommunicatorOptions o = to_options(*options);
+    auto comm = std::make_unique<arbiter_comm>();
+    try {
+      comm->bootstrap = process_group(options->timeout_ms > 0
+                                          ? std::chrono::milliseconds(options->timeout_ms)
+                                          : std::chrono::milliseconds(std::chrono::seconds(60)));
+    } catch (const arbiter::BootstrapError& e) {
+      return fail(e.code(), e.what());
+    }
+    if (!o.capability.is_cpu() && o.device < 0) o.device = comm->bootstrap->local_rank();
+    return create_into(comm, *comm->bootstrap->oob(), *policy, o, out);
+  });
+}
+
+int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out) {
+  if (!comm || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  out->rank = comm->comm->rank();
+  out->world_size = comm->comm->world_size();
+  out->device = comm->device;
+  out->backend_mask = comm->comm->usable_mask();
+  out->fingerprint = comm->comm->policy().fingerprint();
+  g_last_error.clear();
+  return ARBITER_OK;
 }
 
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,

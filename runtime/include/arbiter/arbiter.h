@@ -91,6 +91,32 @@ typedef struct arbiter_comm_options {
  * creates the workspaces. The policy may be freed afterwards. */
 int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy,
                             const arbiter_comm_options* options, arbiter_comm** out);
+/* Collective: joins the other ranks through the UCX bootstrap from the
+ * launcher's environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+ * MASTER_ADDR, MASTER_PORT; ARBITER_BOOTSTRAP_PORT, ARBITER_JOB_TOKEN,
+ * ARBITER_BOOTSTRAP_TIMEOUT as `arbiter launch` sets them), then
+ * arbiter_comm_create over that group. The group is joined once per
+ * process and shared by every communicator created this way (it stays until
+ * the process exits); a later call whose environment names another rank or
+ * address fails with ARBITER_INVALID_ARGUMENT. A GPU
+ * rank (capability != 0) with options->device < 0 uses LOCAL_RANK. The
+ * join waits up to options->timeout_ms (0: 60 s) unless
+ * ARBITER_BOOTSTRAP_TIMEOUT says otherwise. */
+int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
+                                             const arbiter_comm_options* options,
+                                             arbiter_comm** out);
+
+typedef struct arbiter_comm_info {
+  int32_t rank;
+  int32_t world_size;
+  int32_t device;         /* the CUDA ordinal in use; -1 for CPU ranks */
+  uint32_t backend_mask;  /* backends with a workspace on every rank: bit backend */
+  uint64_t fingerprint;   /* of the tables every rank agreed on */
+} arbiter_comm_info;
+
+/* Not collective; no allocation. */
+int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out);
+
 /* One fused all-reduce, decided by the policy; args->algorithm is ignored.
  * `used` (optional) gets the decision that ran. The buffers follow the
  * backend ABI's rules (arbiter_backend.h), in-place use included: an output

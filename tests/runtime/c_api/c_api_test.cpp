@@ -104,3 +104,38 @@ BOOST_AUTO_TEST_CASE(site_files_that_leave_settings_out_load_over_the_defaults) 
   BOOST_TEST(d.fused == 1u);
   arbiter_policy_free(p);
 }
+
+// The communicator from the launcher's environment: a bad environment or bad
+// options fail with a code and a message that names the fix, and nothing is
+// created. (The joined path runs under `arbiter launch` in the Python tests.)
+BOOST_AUTO_TEST_CASE(comm_from_environment_refuses_what_it_cannot_use) {
+  arbiter_policy* p = nullptr;
+  BOOST_REQUIRE(arbiter_policy_load(nullptr, 0, nullptr, &p) == ARBITER_OK);
+  arbiter_comm_options o{};
+  o.hidden = 64;
+  o.dtype = ARBITER_DTYPE_FP32;
+  arbiter_comm* comm = nullptr;
+
+  unsetenv("RANK");
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  BOOST_TEST(arbiter_comm_create_from_environment(p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("RANK") != std::string::npos);
+  BOOST_TEST(comm == nullptr);
+
+  o.dtype = static_cast<arbiter_dtype>(7);
+  BOOST_TEST(arbiter_comm_create_from_environment(p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()) == "options: unknown dtype 7");
+  o.dtype = ARBITER_DTYPE_FP32;
+  o.capability = 7;
+  BOOST_TEST(arbiter_comm_create_from_environment(p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("capability 7") != std::string::npos);
+  BOOST_TEST(arbiter_comm_create_from_environment(nullptr, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(comm == nullptr);
+
+  arbiter_comm_info info{};
+  BOOST_TEST(arbiter_comm_get_info(nullptr, &info) == ARBITER_INVALID_ARGUMENT);
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  arbiter_policy_free(p);
+}

@@ -1,0 +1,235 @@
+"""Arrays as the Communicator sees them: an address, a shape, an element type,
+a device, and whether they may be written.
+
+Two ways in, tried in this order:
+  1. The buffer protocol (numpy arrays, array.array, bytearray, memoryview):
+     host memory, with the producer's read-only flag, format and strides.
+  2. DLPack (`__dlpack__` / `__dlpack_device__`: torch, cupy, jax, numpy):
+     host or CUDA memory. A CUDA producer is given the caller's stream, so
+     its pending work is ordered before ours, as the protocol asks. Legacy
+     DLPack cannot say "read-only"; such arrays count as writable.
+
+A Borrowed view keeps what it borrowed (the Py_buffer, the capsule) until it
+is released, so the address stays valid for the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_int64,
+    c_ssize_t,
+    c_uint8,
+    c_uint16,
+    c_uint64,
+    c_void_p,
+)
+from dataclasses import dataclass
+
+from .errors import ArbiterError, Status
+
+# Element names: what the Communicator's dtype accepts (bf16 also as u16 bits).
+_FORMATS = {"e": "fp16", "f": "fp32", "d": "f64", "H": "u16", "B": "u8", "b": "i8"}
+
+_PyBUF_RECORDS_RO = 0x0004 | 0x0008 | 0x0010  # FORMAT | ND | STRIDES
+
+
+class _PyBuffer(Structure):
+    """CPython's Py_buffer (stable layout since 3.3)."""
+
+    _fields_ = [
+        ("buf", c_void_p),
+        ("obj", c_void_p),
+        ("len", c_ssize_t),
+        ("itemsize", c_ssize_t),
+        ("readonly", c_int),
+        ("ndim", c_int),
+        ("format", c_char_p),
+        ("shape", POINTER(c_ssize_t)),
+        ("strides", POINTER(c_ssize_t)),
+        ("suboffsets", POINTER(c_ssize_t)),
+        ("internal", c_void_p),
+    ]
+
+
+class _DLDevice(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class _DLDataType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class _DLTensor(Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", _DLDevice),
+        ("ndim", c_int32),
+        ("dtype", _DLDataType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+_api = ctypes.pythonapi
+_api.PyObject_GetBuffer.argtypes = [ctypes.py_object, POINTER(_PyBuffer), c_int]
+_api.PyObject_GetBuffer.restype = c_int
+_api.PyBuffer_Release.argtypes = [POINTER(_PyBuffer)]
+_api.PyBuffer_Release.restype = None
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, c_char_p]
+_api.PyCapsule_GetPointer.restype = c_void_p
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, c_char_p]
+_api.PyCapsule_IsValid.restype = c_int
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
+_DL_FLOAT8_CODES = range(7, 13)  # the float8 formats of DLPack 1.1
+
+
+def _dl_element(code: int, bits: int, lanes: int) -> str:
+    if lanes != 1:
+        return f"vector of {lanes}"
+    if code == _DL_FLOAT and bits in (16, 32, 64):
+        return {16: "fp16", 32: "fp32", 64: "f64"}[bits]
+    if code == _DL_BFLOAT and bits == 16:
+        return "bf16"
+    if code == _DL_UINT and bits in (8, 16):
+        return f"u{bits}"
+    if code == _DL_INT and bits == 8:
+        return "i8"
+    if code in _DL_FLOAT8_CODES and bits == 8:
+        return "fp8"
+    return f"dlpack type code {code} of {bits} bits"
+
+
+@dataclass
+class Borrowed:
+    """One array, borrowed for a call. `device` is -1 for host memory, else
+    the CUDA ordinal. `contiguous` means C order (row-major, dense)."""
+
+    address: int
+    shape: tuple
+    element: str
+    itemsize: int
+    device: int
+    readonly: bool
+    contiguous: bool
+    _release: object = None
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    def release(self) -> None:
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
+
+
+def _c_contiguous(shape: tuple, strides, itemsize: int) -> bool:
+    if strides is None:
+        return True
+    expected = itemsize
+    for extent, stride in zip(reversed(shape), reversed(strides)):
+        if extent != 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def _from_buffer(obj: object) -> Borrowed | None:
+    """The buffer protocol's view, or None when obj does not offer one."""
+    view = _PyBuffer()
+    try:
+        _api.PyObject_GetBuffer(obj, ctypes.byref(view), _PyBUF_RECORDS_RO)
+    except (BufferError, TypeError, ValueError):
+        return None
+    try:
+        fmt = (view.format or b"B").decode("ascii", "replace")
+        if fmt[:1] in "@=" or (fmt[:1] == "<" and sys.byteorder == "little"):
+            fmt = fmt[1:]
+        element = _FORMATS.get(fmt, f"format '{fmt}'")
+        shape = tuple(view.shape[i] for i in range(view.ndim)) if view.shape else (view.len,)
+        strides = tuple(view.strides[i] for i in range(view.ndim)) if view.strides else None
+        return Borrowed(
+            address=view.buf or 0,
+            shape=shape,
+            element=element,
+            itemsize=view.itemsize,
+            device=-1,
+            readonly=bool(view.readonly),
+            contiguous=_c_contiguous(shape, strides, view.itemsize),
+            _release=lambda: _api.PyBuffer_Release(ctypes.byref(view)),
+        )
+    except BaseException:
+        _api.PyBuffer_Release(ctypes.byref(view))
+        raise
+
+
+def _from_dlpack(obj: object, what: str, stream: int | None) -> Borrowed:
+    device_type, device_id = obj.__dlpack_device__()
+    if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        # The protocol's stream numbers: 1 is CUDA's legacy default stream.
+        capsule = obj.__dlpack__(stream=1 if not stream else stream)
+        device = int(device_id)
+    elif device_type in (_DL_CPU, _DL_CUDA_HOST):
+        capsule = obj.__dlpack__()
+        device = -1
+    else:
+        raise ArbiterError(
+            Status.INVALID_ARGUMENT,
+            f"{what}: DLPack device type {device_type} is neither host nor CUDA memory",
+        )
+    if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        raise ArbiterError(
+            Status.INVALID_ARGUMENT, f"{what}: __dlpack__ did not return an unused 'dltensor'"
+        )
+    # The capsule stays unconsumed and referenced until release(); its own
+    # destructor then calls the producer's deleter.
+    t = _DLTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    strides = tuple(int(t.strides[i]) for i in range(t.ndim)) if t.strides else None
+    itemsize = max(t.dtype.bits // 8, 1) * t.dtype.lanes
+    return Borrowed(
+        address=(t.data or 0) + int(t.byte_offset),
+        shape=shape,
+        element=_dl_element(t.dtype.code, t.dtype.bits, t.dtype.lanes),
+        itemsize=itemsize,
+        device=device,
+        readonly=False,
+        # DLPack strides count elements, not bytes.
+        contiguous=_c_contiguous(shape, strides, 1),
+        _release=lambda keep=capsule: None,
+    )
+
+
+def borrow(obj: object, what: str, stream: int | None = None) -> Borrowed:
+    """The array behind obj, for the duration of a call (release() it after).
+    Raises ArbiterError naming `what` when obj is not an array."""
+    view = _from_buffer(obj)
+    if view is not None:
+        return view
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        try:
+            return _from_dlpack(obj, what, stream)
+        except ArbiterError:
+            raise
+        except Exception as e:
+            raise ArbiterError(
+                Status.INVALID_ARGUMENT, f"{what}: DLPack export failed: {type(e).__name__}: {e}"
+            ) from e
+    raise ArbiterError(
+        Status.INVALID_ARGUMENT,
+        f"{what}: a {type(obj).__name__} is not an array (it offers neither the buffer "
+        "protocol nor __dlpack__)",
+    )

@@ -1,0 +1,303 @@
+"""One rank of the Communicator tests, started by test_communicator.py under
+`arbiter launch --nproc N -- python3 comm_worker.py SCENARIO OUTDIR`.
+
+Each scenario runs on every rank, checks what a rank can check alone, and
+leaves in OUTDIR what the test compares across ranks (rank<r>.npz, with the
+rank's inputs and outputs, and rank<r>.json, with the decisions). A failed
+expectation exits non-zero with the reason, so `arbiter launch` fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import arbiter
+
+HIDDEN = 512
+MAX_TOKENS = 320
+# One-shot, two-shot at 4 ranks (fp16/bf16) or 2 (fp32), and the fallback
+# above the 256 KiB cap of the tests' site table.
+TOKENS = (2, 96, 300)
+DTYPES = ("fp16", "bf16", "fp32")
+PATTERNS = ("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8")
+FP8_SCALE = 0.0625
+
+
+def to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 values in the array type arbiter takes for dtype (bf16: uint16 bits, RNE)."""
+    values = values.astype(np.float32)
+    if dtype == "fp16":
+        return values.astype(np.float16)
+    if dtype == "fp32":
+        return values
+    bits = values.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def make(rank: int, case: int, shape: tuple, dtype: str, low=-2.0, high=2.0) -> np.ndarray:
+    rng = np.random.default_rng(1000 * case + rank)
+    return to_dtype(rng.uniform(low, high, size=shape), dtype)
+
+
+class DlpackOnly:
+    """An array offered through DLPack alone (as torch or cupy offer theirs)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+class FileGroup:
+    """The caller's own process group for Communicator(oob, ...): allgather
+    through files in a shared folder, with a deadline."""
+
+    def __init__(self, folder: str, rank: int, size: int) -> None:
+        self.folder, self.rank, self.size, self.calls = folder, rank, size, 0
+
+    def allgather(self, data: bytes, timeout: float) -> list[bytes]:
+        self.calls += 1
+        name = lambda r: os.path.join(self.folder, f"{self.calls}.{r}")  # noqa: E731
+        with open(name(self.rank) + ".tmp", "wb") as f:
+            f.write(data)
+        os.rename(name(self.rank) + ".tmp", name(self.rank))
+        deadline = time.monotonic() + timeout
+        parts = []
+        for r in range(self.size):
+            while not os.path.exists(name(r)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {r} did not reach allgather {self.calls}")
+                time.sleep(0.001)
+            with open(name(r), "rb") as f:
+                parts.append(f.read())
+        return parts
+
+
+def fail(message: str) -> None:
+    print(f"FAILED: {message}", flush=True)
+    sys.exit(1)
+
+
+def run_cases(comm, dtype: str, record: dict, saved: dict, cases) -> None:
+    """Every pattern x size of `cases` on one communicator, plus in place."""
+    case = 0
+    weight = make(99, 99, (HIDDEN,), dtype, 0.5, 1.5)
+    for pattern in PATTERNS:
+        for tokens in cases:
+            case += 1
+            key = f"{dtype}-{pattern}-{tokens}"
+            x = make(comm.rank, case, (tokens, HIDDEN), dtype)
+            kwargs = {"pattern": pattern}
+            args = [x]
+            if pattern != "allreduce":
+                residual = make(77, case, (tokens, HIDDEN), dtype)
+                args += [residual, weight]
+                saved[key + "/residual"] = residual
+                kwargs["eps"] = 1e-5
+            if pattern == "residual_rmsnorm_fp8":
+                kwargs["scale"] = FP8_SCALE
+                kwargs["out"] = {"norm_out": np.empty_like(x)}
+            result = comm.allreduce_fusion(*args, **kwargs)
+            saved[key + "/x"] = x
+            for name in ("allreduce_out", "residual_out", "norm_out", "quant_out"):
+                value = getattr(result, name)
+                if value is not None:
+                    saved[f"{key}/{name}"] = np.asarray(value)
+            d = result.decision
+            record[key] = [d.backend, d.algorithm, d.fused]
+    # In place, as vLLM calls it: norm_out over x, residual_out over residual;
+    # and the same call with the arrays offered through DLPack only.
+    for how in ("inplace", "dlpack"):
+        case += 1
+        tokens = cases[-1]
+        key = f"{dtype}-{how}-{tokens}"
+        x = make(comm.rank, case, (tokens, HIDDEN), dtype)
+        residual = make(77, case, (tokens, HIDDEN), dtype)
+        saved[key + "/x"], saved[key + "/residual"] = x.copy(), residual.copy()
+        if how == "inplace":
+            r = comm.allreduce_fusion(
+                x, residual, weight, eps=1e-5, out={"norm_out": x, "residual_out": residual}
+            )
+            if r.norm_out is not x or r.residual_out is not residual:
+                fail("in place: the result does not hand back the arrays given in out")
+            norm_out, residual_out = x, residual
+        else:
+            norm_out, residual_out = np.empty_like(x), np.empty_like(x)
+            r = comm.allreduce_fusion(
+                DlpackOnly(x), DlpackOnly(residual), DlpackOnly(weight), eps=1e-5,
+                out={"norm_out": DlpackOnly(norm_out), "residual_out": DlpackOnly(residual_out)},
+            )
+        saved[key + "/norm_out"], saved[key + "/residual_out"] = norm_out, residual_out
+        record[key] = [r.decision.backend, r.decision.algorithm, r.decision.fused]
+
+
+def scenario_matrix(outdir: str) -> None:
+    record, saved = {}, {}
+    for dtype in DTYPES:
+        with arbiter.Communicator.from_environment(
+            hidden=HIDDEN, dtype=dtype, max_tokens=MAX_TOKENS, timeout=60
+        ) as comm:
+            if comm.backends != ["shm"]:
+                fail(f"backends {comm.backends}, expected ['shm']")
+            with arbiter.Policy.from_environment() as policy:
+                if comm.fingerprint != policy.fingerprint:
+                    fail("the communicator's fingerprint is not the policy's")
+            record["world_size"] = comm.world_size
+            run_cases(comm, dtype, record, saved, TOKENS)
+    save(outdir, record, saved)
+
+
+def scenario_oob(outdir: str) -> None:
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    folder = os.path.join(outdir, "group")
+    os.makedirs(folder, exist_ok=True)
+    group = FileGroup(folder, rank, size)
+    record, saved = {}, {}
+    with arbiter.Communicator(
+        group, rank=rank, world_size=size, local_rank=int(os.environ["LOCAL_RANK"]),
+        hidden=HIDDEN, dtype="bf16", max_tokens=MAX_TOKENS, timeout=60,
+    ) as comm:
+        if (comm.rank, comm.world_size) != (rank, size) or group.calls == 0:
+            fail("the communicator did not meet its peers through the given group")
+        record["world_size"] = size
+        run_cases(comm, "bf16", record, saved, (2, 96))
+    save(outdir, record, saved)
+
+
+def expect_error(what: str, needle: str, call) -> None:
+    try:
+        call()
+    except arbiter.ArbiterError as e:
+        if e.status != arbiter.Status.INVALID_ARGUMENT or needle not in e.message:
+            fail(f"{what}: got {e!r}, expected INVALID_ARGUMENT with {needle!r}")
+        return
+    fail(f"{what}: no error")
+
+
+def scenario_bad(outdir: str) -> None:
+    """Every rank makes the same bad calls: each raises at once, nobody waits,
+    and the communicator still works afterwards."""
+    t = 4
+    with arbiter.Communicator.from_environment(
+        hidden=HIDDEN, dtype="fp16", max_tokens=8, timeout=20
+    ) as comm:
+        x = make(comm.rank, 1, (t, HIDDEN), "fp16")
+        res = make(7, 1, (t, HIDDEN), "fp16")
+        w = make(9, 1, (HIDDEN,), "fp16")
+        readonly = res.copy()
+        readonly.flags.writeable = False
+        started = time.monotonic()
+        cases = [
+            ("1-D input", "shape (512,)", lambda: comm.allreduce_fusion(x[0])),
+            ("wrong hidden", "hidden 256", lambda: comm.allreduce_fusion(x[:, :256].copy())),
+            ("wrong dtype", "element type fp32", lambda: comm.allreduce_fusion(
+                x.astype(np.float32))),
+            ("not contiguous", "not C-contiguous", lambda: comm.allreduce_fusion(
+                np.asfortranarray(x))),
+            ("too many tokens", "more than max_tokens=8", lambda: comm.allreduce_fusion(
+                np.zeros((9, HIDDEN), np.float16))),
+            ("not an array", "is not an array", lambda: comm.allreduce_fusion([[1.0] * HIDDEN])),
+            ("read-only output", "read-only", lambda: comm.allreduce_fusion(
+                x, res, w, out={"residual_out": readonly})),
+            ("output shape", "shape (3, 512)", lambda: comm.allreduce_fusion(
+                x, res, w, out={"norm_out": np.empty((3, HIDDEN), np.float16)})),
+            ("unknown out key", "unknown keys", lambda: comm.allreduce_fusion(
+                x, out={"sum": x})),
+            ("norm without weight", "needs residual and weight", lambda: comm.allreduce_fusion(
+                x, res)),
+            ("fp8 without scale", "needs scale", lambda: comm.allreduce_fusion(
+                x, res, w, pattern="residual_rmsnorm_fp8")),
+            ("eps NaN", "eps nan", lambda: comm.allreduce_fusion(x, res, w, eps=float("nan"))),
+            ("stream on host", "pass no stream", lambda: comm.allreduce_fusion(x, stream=7)),
+            ("unknown pattern", "unknown pattern", lambda: comm.allreduce_fusion(
+                x, pattern="softmax")),
+        ]
+        for what, needle, call in cases:
+            expect_error(what, needle, call)
+        # The aliasing rule of the backend ABI, checked locally before anyone waits.
+        big = np.zeros((t + 1, HIDDEN), np.float16)
+        big[:t] = x
+        expect_error("partial overlap", "overlap", lambda: comm.allreduce_fusion(
+            big[:t], res, w, out={"norm_out": big[1:]}))
+        elapsed = time.monotonic() - started
+        if elapsed > 5:
+            fail(f"the bad calls took {elapsed:.1f} s: someone waited")
+        r = comm.allreduce_fusion(x, res, w)
+        if r.decision.backend != "shm" or r.norm_out.shape != (t, HIDDEN):
+            fail(f"the good call after the bad ones: {r}")
+        print(f"rank {comm.rank}: {len(cases) + 1} bad calls refused in {elapsed * 1000:.0f} ms",
+              flush=True)
+    with arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="bf16", timeout=20) as comm:
+        expect_error("bf16 given as float32", "bf16 as a uint16 array",
+                     lambda: comm.allreduce_fusion(np.zeros((1, HIDDEN), np.float32)))
+
+
+def scenario_raise(outdir: str) -> None:
+    """Rank 1 raises before the call; rank 0 must fail by its deadline,
+    naming rank 1."""
+    timeout = 3.0
+    flag = os.path.join(outdir, "rank0-done")
+    with arbiter.Communicator.from_environment(
+        hidden=HIDDEN, dtype="bf16", max_tokens=8, timeout=timeout
+    ) as comm:
+        x = make(comm.rank, 1, (4, HIDDEN), "bf16")
+        if comm.rank == 1:
+            try:
+                comm.allreduce_fusion(x[:, :100].copy())
+                fail("rank 1's bad call did not raise")
+            except arbiter.ArbiterError:
+                pass
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("rank 1: raised before the call, as planned", flush=True)
+            return
+        started = time.monotonic()
+        try:
+            comm.allreduce_fusion(x)
+            fail("rank 0's call succeeded without rank 1")
+        except arbiter.ArbiterError as e:
+            elapsed = time.monotonic() - started
+            print(f"rank 0: {e.status.name} after {elapsed:.2f} s: {e.message}", flush=True)
+            if e.status != arbiter.Status.TIMEOUT or "rank 1" not in e.message:
+                fail(f"expected a TIMEOUT naming rank 1, got {e!r}")
+            if elapsed > timeout + 2:
+                fail(f"the deadline was {timeout} s, the call took {elapsed:.2f} s")
+        finally:
+            open(flag, "w").close()
+
+
+def scenario_fingerprint(outdir: str) -> None:
+    """Ranks with different tables are refused, on every rank."""
+    if int(os.environ["RANK"]) == 1:
+        site = os.path.join(outdir, "site.yaml")
+        with open(site, "w") as f:
+            f.write("format: 1\nfusion:\n  - {capability: cpu, world_size: 2, max: 1MiB}\n")
+        os.environ["ARBITER_CONFIG"] = site
+    try:
+        arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="bf16", timeout=20)
+    except arbiter.ArbiterError as e:
+        print(f"refused: {e.message}", flush=True)
+        return
+    fail("ranks with different tables got a communicator")
+
+
+def save(outdir: str, record: dict, saved: dict) -> None:
+    rank = int(os.environ["RANK"])
+    np.savez(os.path.join(outdir, f"rank{rank}.npz"), **saved)
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    scenario, outdir = sys.argv[1], sys.argv[2]
+    globals()["scenario_" + scenario](outdir)

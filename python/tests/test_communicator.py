@@ -1,0 +1,193 @@
+"""arbiter.Communicator runs fused all-reduce on CPU ranks (the shm backend),
+started by `arbiter launch` at 2 and 4 ranks: every dtype and pattern shm
+serves, fused and fallback sizes, in place, DLPack and the buffer protocol,
+the caller's own group, bad calls, a rank that raises, mismatched tables.
+
+Each rank runs comm_worker.py; this file compares what the ranks left behind
+with an fp64 reference computed here, and across ranks bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import arbiter
+
+np = pytest.importorskip("numpy")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "comm_worker.py")
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(arbiter.__file__)))
+# Fused up to 256 KiB at 2 and 4 ranks, so the fallback is cheap to reach.
+SITE = "format: 1\nfusion:\n" + "".join(
+    f"  - {{capability: cpu, world_size: {ws}, max: 256KiB}}\n" for ws in (2, 4)
+)
+# Half an ulp at 1.0, relative.
+UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8, "fp32": 2.0**-24}
+
+
+def launch(arbiter_bin, tmp_path, nproc, scenario, timeout=240, site=True):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if site:
+        (tmp_path / "site.yaml").write_text(SITE)
+        env["ARBITER_CONFIG"] = str(tmp_path / "site.yaml")
+    cmd = [arbiter_bin, "launch", "--nproc", str(nproc), "--timeout", str(timeout), "--",
+           sys.executable, WORKER, scenario, str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
+    return done.returncode, done.stdout + done.stderr
+
+
+def as_float(values: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bf16":
+        return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return values.astype(np.float64)
+
+
+def e4m3_to_float(codes: np.ndarray) -> np.ndarray:
+    codes = codes.astype(np.int64)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exponent, mantissa = (codes >> 3) & 0xF, codes & 0x7
+    value = np.where(
+        exponent == 0, mantissa / 8.0 * 2.0**-6, (1 + mantissa / 8.0) * 2.0 ** (exponent - 7)
+    )
+    return np.where((exponent == 15) & (mantissa == 7), np.nan, sign * value)
+
+
+def reference(inputs, residual, weight, dtype, eps=1e-5):
+    """The fp64 result and the error an implementation may make, as
+    arbiter::common::compute_reference (reference.h) bounds it: fp32 sums,
+    one rounding to dtype per stored value; outputs pass within 2x bound."""
+    u32, ud = 2.0**-24, UNIT_ROUNDOFF[dtype]
+    tiny = {"fp16": 2.0**-25, "bf16": 2.0**-134, "fp32": 2.0**-150}[dtype]
+    total = sum(inputs)
+    magnitude = sum(np.abs(v) for v in inputs)
+    out = {"sum": total, "sum_bound": ud * np.abs(total) + len(inputs) * u32 * magnitude + tiny}
+    if residual is None:
+        return out
+    x = total + residual
+    bound = out["sum_bound"] + (ud + u32) * np.abs(x) + tiny
+    hidden = x.shape[1]
+    squares = np.sum(x * x, axis=1, keepdims=True)
+    perturbation = np.sum(2 * np.abs(x) * bound + bound * bound, axis=1, keepdims=True)
+    inv_rms = 1 / np.sqrt(squares / hidden + eps)
+    inv_rms_error = 0.5 * (perturbation + hidden * u32 * squares) / (squares + hidden * eps)
+    inv_rms_error += 4 * u32
+    norm = x * inv_rms * weight
+    out.update(residual=x, residual_bound=bound, norm=norm)
+    out["norm_bound"] = (np.abs(weight) * inv_rms * (bound + np.abs(x) * inv_rms_error)
+                         + (ud + 3 * u32) * np.abs(norm) + tiny)
+    return out
+
+
+def check_close(got, ref, bound, what):
+    bad = ~(np.abs(got - ref) <= bound)
+    if bad.any():
+        i = np.argwhere(bad)[0]
+        pytest.fail(
+            f"{what}: {bad.sum()} elements off, first at {tuple(i)}: got {got[tuple(i)]}, "
+            f"reference {ref[tuple(i)]}, bound {bound[tuple(i)]}"
+        )
+
+
+def check_ranks(tmp_path, nproc):
+    """Every rank's outputs equal bit for bit, and within rounding of fp64."""
+    runs = [np.load(tmp_path / f"rank{r}.npz") for r in range(nproc)]
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
+    assert all(rec == records[0] for rec in records), "ranks took different decisions"
+    outputs = [k for k in runs[0].files if k.rsplit("/", 1)[1].endswith("_out")]
+    assert outputs
+    for key in outputs:
+        for r in range(1, nproc):
+            assert np.array_equal(runs[r][key].view(np.uint8), runs[0][key].view(np.uint8)), (
+                f"{key}: rank {r} differs from rank 0"
+            )
+    cases = sorted({k.rsplit("/", 1)[0] for k in outputs})
+    for case in cases:
+        dtype, pattern = case.split("-")[:2]
+        got = {k.rsplit("/", 1)[1]: runs[0][k] for k in outputs if k.startswith(case + "/")}
+        inputs = [as_float(run[case + "/x"], dtype) for run in runs]
+        if pattern == "allreduce":
+            ref = reference(inputs, None, None, dtype)
+            check_close(as_float(got["allreduce_out"], dtype), ref["sum"], 2 * ref["sum_bound"],
+                        case)
+            continue
+        from comm_worker import FP8_SCALE, HIDDEN, make  # what every rank used
+
+        weight = as_float(make(99, 99, (HIDDEN,), dtype, 0.5, 1.5), dtype)
+        ref = reference(inputs, as_float(runs[0][case + "/residual"], dtype), weight, dtype)
+        check_close(as_float(got["residual_out"], dtype), ref["residual"],
+                    2 * ref["residual_bound"], case + " residual_out")
+        if "norm_out" in got:
+            check_close(as_float(got["norm_out"], dtype), ref["norm"], 2 * ref["norm_bound"],
+                        case + " norm_out")
+        if "quant_out" in got:
+            # e4m3 keeps 3 mantissa bits (half an ulp: 2^-4 relative) and
+            # subnormals in steps of 2^-9.
+            deq = e4m3_to_float(got["quant_out"]) * FP8_SCALE
+            bound = 2 * ref["norm_bound"] + 2.0**-4 * np.abs(ref["norm"]) + 2.0**-10 * FP8_SCALE
+            check_close(deq, ref["norm"], bound, case + " quant_out")
+    return records[0]
+
+
+@pytest.fixture(autouse=True)
+def worker_imports():
+    sys.path.insert(0, HERE)
+    yield
+    sys.path.remove(HERE)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_dtype_pattern_and_size_matches_the_reference_on_every_rank(
+    arbiter_bin, tmp_path, nproc
+):
+    code, log = launch(arbiter_bin, tmp_path, nproc, "matrix")
+    assert code == 0, log
+    record = check_ranks(tmp_path, nproc)
+    assert record["world_size"] == nproc
+    # The decisions are the policy's: fused one-shot and two-shot below the
+    # site table's 256 KiB, the unfused fallback above it.
+    kinds = {tuple(v) for k, v in record.items() if k != "world_size"}
+    assert ("shm", "oneshot", True) in kinds
+    assert ("shm", "twoshot", True) in kinds
+    assert ("shm", "native", False) in kinds
+    with arbiter.load([tmp_path / "site.yaml"]) as policy:
+        for key, value in record.items():
+            if key == "world_size":
+                continue
+            backend, algorithm, fused = value
+            dtype, pattern, tokens = key.split("-")
+            pattern = "residual_rmsnorm" if pattern in ("inplace", "dlpack") else pattern
+            d = policy.decide(capability="cpu", world_size=nproc, dtype=dtype, pattern=pattern,
+                              tokens=int(tokens), hidden=512)
+            assert (d.backend, d.algorithm, d.fused) == (backend, algorithm, fused), key
+
+
+def test_the_callers_own_group_carries_the_bootstrap(arbiter_bin, tmp_path):
+    code, log = launch(arbiter_bin, tmp_path, 2, "oob")
+    assert code == 0, log
+    check_ranks(tmp_path, 2)
+
+
+def test_bad_calls_raise_before_anyone_waits(arbiter_bin, tmp_path):
+    code, log = launch(arbiter_bin, tmp_path, 2, "bad")
+    assert code == 0, log
+    assert log.count("bad calls refused") == 2, log
+
+
+def test_a_rank_that_raises_fails_its_peers_by_the_deadline(arbiter_bin, tmp_path):
+    code, log = launch(arbiter_bin, tmp_path, 2, "raise")
+    assert code == 0, log
+    assert "rank 0: TIMEOUT" in log and "rank 1: raised before the call" in log, log
+
+
+def test_ranks_with_different_tables_are_refused(arbiter_bin, tmp_path):
+    code, log = launch(arbiter_bin, tmp_path, 2, "fingerprint", site=False)
+    assert code == 0, log
+    assert log.count("refused:") == 2, log
