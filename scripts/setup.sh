@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what arbiter builds with on Debian 12: yaml-cpp, Boost.Test,
-# Boost.Program_options, UCX, CMake and a C++20 compiler. Skips apt when
+# Boost.Program_options, UCX, CMake and a C++20 compiler; numpy for the
+# Python example and tests; clang and pytest for the tests. Skips apt when
 # everything is already there.
 set -euo pipefail
 packages=(cmake g++ make libyaml-cpp-dev libboost-test-dev libboost-program-options-dev
-          libucx-dev ucx-utils pkg-config python3-pytest
+          libucx-dev ucx-utils pkg-config python3-pytest python3-numpy
           clang libclang-rt-14-dev llvm python3-yaml python3-jsonschema)
 missing=()
 for p in "${packages[@]}"; do

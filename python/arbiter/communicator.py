@@ -97,14 +97,15 @@ class Communicator:
         max_tokens: int | None = None,
         policy: Policy | None = None,
         timeout: float | None = None,
-        capability: int | str = "cpu",
+        capability: int | str | tuple = "cpu",
         nodes: int = 1,
         nvlink_domain: bool = True,
         multicast: bool = False,
     ) -> None:
         """Meets the other ranks through `oob`, the caller's own group: an
         object with allgather(bytes) -> list[bytes] (see arbiter.oob). GPU
-        ranks (capability such as "9.0") use CUDA device `local_rank`."""
+        ranks (capability "9.0", 90 or (9, 0)) use CUDA device `local_rank`;
+        "cpu" ranks run on host memory (the shm backend)."""
         if not isinstance(rank, int) or not isinstance(world_size, int) or not (
             0 <= rank < world_size
         ):
@@ -124,7 +125,7 @@ class Communicator:
         max_tokens: int | None = None,
         policy: Policy | None = None,
         timeout: float | None = None,
-        capability: int | str = "cpu",
+        capability: int | str | tuple = "cpu",
         nodes: int = 1,
         nvlink_domain: bool = True,
         multicast: bool = False,
@@ -160,6 +161,8 @@ class Communicator:
         self.hidden = hidden
         self.dtype = parse_dtype(dtype)
         self.max_tokens = max_tokens
+        if isinstance(capability, tuple) and len(capability) == 2:
+            capability = "{}.{}".format(*capability)  # torch.cuda.get_device_capability()
         self.capability = parse_capability(capability)
         if self.capability != 0 and local_rank is not None and local_rank < 0:
             raise _invalid(f"local_rank {local_rank} is not a CUDA device ordinal")

@@ -22,6 +22,7 @@ np = pytest.importorskip("numpy")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "comm_worker.py")
+EXAMPLE = os.path.join(HERE, os.pardir, os.pardir, "examples", "python", "tp_decode.py")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(arbiter.__file__)))
 # Fused up to 256 KiB at 2 and 4 ranks, so the fallback is cheap to reach.
 SITE = "format: 1\nfusion:\n" + "".join(
@@ -31,7 +32,7 @@ SITE = "format: 1\nfusion:\n" + "".join(
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8, "fp32": 2.0**-24}
 
 
-def launch(arbiter_bin, tmp_path, nproc, scenario, timeout=240, site=True):
+def launch(arbiter_bin, tmp_path, nproc, scenario, timeout=240, site=True, program=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -39,7 +40,7 @@ def launch(arbiter_bin, tmp_path, nproc, scenario, timeout=240, site=True):
         (tmp_path / "site.yaml").write_text(SITE)
         env["ARBITER_CONFIG"] = str(tmp_path / "site.yaml")
     cmd = [arbiter_bin, "launch", "--nproc", str(nproc), "--timeout", str(timeout), "--",
-           sys.executable, WORKER, scenario, str(tmp_path)]
+           sys.executable] + (program or [WORKER, scenario, str(tmp_path)])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
     return done.returncode, done.stdout + done.stderr
 
@@ -191,3 +192,12 @@ def test_ranks_with_different_tables_are_refused(arbiter_bin, tmp_path):
     code, log = launch(arbiter_bin, tmp_path, 2, "fingerprint", site=False)
     assert code == 0, log
     assert log.count("refused:") == 2, log
+
+
+def test_the_tensor_parallel_example_matches_its_unsplit_model(arbiter_bin, tmp_path):
+    program = [EXAMPLE, "--layers", "2", "--steps", "1", "--decode-tokens", "1", "8",
+               "--prefill-tokens", "64"]
+    code, log = launch(arbiter_bin, tmp_path, 2, None, site=False, program=program)
+    assert code == 0, log
+    assert "every layer shm oneshot fused" in log, log
+    assert "every rank matches the unsplit model" in log, log

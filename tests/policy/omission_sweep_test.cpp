@@ -64,7 +64,10 @@ void collect(const YAML::Node& node, Path& path, std::vector<Variant>& out) {
     if (!path.empty() && node.size() > 0)
       out.push_back({"empty " + path_text(path), path, Edit::kEmpty});
     for (const auto& kv : node) {
-      path.push_back(kv.first.as<std::string>());
+      // Named first: GCC 12 warns (-Wmaybe-uninitialized, a false positive)
+      // about a variant built from the temporary.
+      const std::string key = kv.first.as<std::string>();
+      path.emplace_back(std::in_place_type<std::string>, key);
       out.push_back({"drop " + path_text(path), path, Edit::kDrop});
       collect(kv.second, path, out);
       path.pop_back();

@@ -1,0 +1,189 @@
+"""A tensor-parallel model on CPU ranks, with arbiter's fused all-reduce +
+residual + RMSNorm at the end of every layer: what a framework integration
+looks like end to end.
+
+    arbiter launch --nproc 2 -- python3 examples/python/tp_decode.py
+
+Each layer is an MLP split the Megatron way: the up projection by columns
+(each rank holds ffn / N of them), the down projection by rows, so each rank
+ends the layer with a partial sum of the output. arbiter adds the partials
+across ranks, adds the residual and normalises, in one call, and every rank
+goes on with the same normalised activations. Every rank also computes the
+same model unsplit, in one process, and checks that the split run matches it.
+
+Rank 0 prints each layer's decision (backend, algorithm, fused) and the time
+per step for decode-shaped (1-8 tokens) and prefill-shaped (hundreds of
+tokens) calls. Exits non-zero when the split model drifts from the unsplit
+one. Needs numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# One compute thread per rank, as a framework runs its ranks: N ranks with a
+# BLAS pool each would fight over the same cores.
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import numpy as np  # noqa: E402  (after the thread settings)
+
+try:
+    import arbiter
+except ImportError:  # run from a source tree: the package beside examples/
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, os.pardir, os.pardir, "python"))
+    import arbiter
+
+EPS = 1e-5
+
+
+def to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (round to nearest even), as uint16: numpy has no bf16."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class Codec:
+    """Between the model's float32 and the all-reduce's dtype."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        if self.dtype == "bf16":
+            return to_bf16_bits(values)
+        # Always a new array: the caller may update it in place.
+        return np.array(values, dtype=np.float16 if self.dtype == "fp16" else np.float32)
+
+    def decode(self, values: np.ndarray) -> np.ndarray:
+        return from_bf16_bits(values) if self.dtype == "bf16" else values.astype(np.float32)
+
+
+def make_weights(layers: int, hidden: int, ffn: int, seed: int = 7):
+    """The whole model; every rank builds the same one and keeps its shard."""
+    rng = np.random.default_rng(seed)
+    weights = []
+    for _ in range(layers):
+        up = rng.standard_normal((hidden, ffn), dtype=np.float32) / np.sqrt(hidden)
+        down = rng.standard_normal((ffn, hidden), dtype=np.float32) / np.sqrt(ffn)
+        gamma = rng.uniform(0.8, 1.2, hidden).astype(np.float32)
+        weights.append((up, down, gamma))
+    return weights
+
+
+def rmsnorm(x: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + EPS) * gamma
+
+
+def unsplit(weights, x: np.ndarray, codec: Codec) -> np.ndarray:
+    """The model in one process, rounding where the split run stores values."""
+    residual = codec.decode(codec.encode(x))
+    h = residual
+    for up, down, gamma in weights:
+        out = np.maximum(h @ up, 0) @ down
+        residual = codec.decode(codec.encode(residual + out))
+        h = codec.decode(codec.encode(rmsnorm(residual, gamma)))
+    return h
+
+
+def split(comm, shards, x: np.ndarray, codec: Codec, decisions=None):
+    """The model on this rank's shards; returns (output, seconds in arbiter)."""
+    residual = codec.encode(x)
+    h = codec.decode(residual)
+    in_allreduce = 0.0
+    for up, down, gamma in shards:
+        partial = codec.encode(np.maximum(h @ up, 0) @ down)
+        start = time.perf_counter()
+        # In place, as vLLM does: the residual is updated where it lies.
+        result = comm.allreduce_fusion(partial, residual, gamma, eps=EPS,
+                                       out={"residual_out": residual})
+        in_allreduce += time.perf_counter() - start
+        if decisions is not None:
+            decisions.append(result.decision)
+        h = codec.decode(result.norm_out)
+    return h, in_allreduce
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--ffn", type=int, default=2048)
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--decode-tokens", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--prefill-tokens", type=int, nargs="+", default=[128])
+    parser.add_argument("--steps", type=int, default=10,
+                        help="timed steps per decode shape (prefill: a tenth, at least 2)")
+    args = parser.parse_args()
+
+    codec = Codec(args.dtype)
+    shapes = [("decode", t) for t in args.decode_tokens] + [
+        ("prefill", t) for t in args.prefill_tokens
+    ]
+    with arbiter.Communicator.from_environment(
+        hidden=args.hidden, dtype=args.dtype, max_tokens=max(t for _, t in shapes)
+    ) as comm:
+        n, rank = comm.world_size, comm.rank
+        if args.ffn % n:
+            raise SystemExit(f"--ffn {args.ffn} does not split over {n} ranks")
+        weights = make_weights(args.layers, args.hidden, args.ffn)
+        per_rank = args.ffn // n
+        gamma_dtype = [codec.encode(g) for _, _, g in weights]
+        shards = [
+            (up[:, rank * per_rank : (rank + 1) * per_rank].copy(),
+             down[rank * per_rank : (rank + 1) * per_rank].copy(), g)
+            for (up, down, _), g in zip(weights, gamma_dtype)
+        ]
+        # The unsplit model uses the gamma the split one sees.
+        reference_weights = [(up, down, codec.decode(g)) for (up, down, _), g in
+                             zip(weights, gamma_dtype)]
+        lead = rank == 0
+        if lead:
+            print(f"tp_decode: {n} ranks, hidden {args.hidden}, ffn {args.ffn} ({per_rank} per "
+                  f"rank), {args.layers} layers, {args.dtype}; backends {', '.join(comm.backends)}"
+                  f"; tables {comm.fingerprint_hex}")
+        tolerance = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}[args.dtype]
+        worst = 0.0
+        rng = np.random.default_rng(11)
+        for kind, tokens in shapes:
+            x = rng.standard_normal((tokens, args.hidden), dtype=np.float32)
+            decisions = []
+            got, _ = split(comm, shards, x, codec, decisions)
+            want = unsplit(reference_weights, x, codec)
+            drift = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+            worst = max(worst, drift)
+            if lead:
+                ways = sorted({f"{d.backend} {d.algorithm} {'fused' if d.fused else 'unfused'}"
+                               for d in decisions})
+                print(f"  {kind:7} {tokens:4} tokens x {args.hidden}: every layer {' / '.join(ways)}"
+                      f"; max |split - unsplit| / max |unsplit| = {drift:.1e}")
+            steps = args.steps if kind == "decode" else max(2, args.steps // 10)
+            total = arbiter_time = 0.0
+            for _ in range(steps):
+                start = time.perf_counter()
+                _, spent = split(comm, shards, x, codec)
+                total += time.perf_counter() - start
+                arbiter_time += spent
+            if lead:
+                print(f"          {total / steps * 1e3:8.3f} ms per step, of which "
+                      f"{arbiter_time / steps / args.layers * 1e6:8.1f} us per arbiter call "
+                      f"(mean of {steps} steps; includes waiting for the slowest rank)")
+        if worst > tolerance:
+            print(f"rank {rank}: the split model drifted {worst:.1e} from the unsplit one "
+                  f"(allowed {tolerance:.0e} for {args.dtype})", flush=True)
+            return 1
+        if lead:
+            print(f"  every rank matches the unsplit model within {tolerance:.0e} ({args.dtype})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
