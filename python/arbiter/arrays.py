@@ -30,7 +30,6 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-from dataclasses import dataclass
 
 from .errors import ArbiterError, Status
 
@@ -38,6 +37,7 @@ from .errors import ArbiterError, Status
 _FORMATS = {"e": "fp16", "f": "fp32", "d": "f64", "H": "u16", "B": "u8", "b": "i8"}
 
 _PyBUF_RECORDS_RO = 0x0004 | 0x0008 | 0x0010  # FORMAT | ND | STRIDES
+_PyBUF_C_ORDER_RO = 0x0004 | 0x0008 | 0x0010 | 0x0020  # FORMAT | C_CONTIGUOUS
 
 
 class _PyBuffer(Structure):
@@ -109,19 +109,24 @@ def _dl_element(code: int, bits: int, lanes: int) -> str:
     return f"dlpack type code {code} of {bits} bits"
 
 
-@dataclass
 class Borrowed:
     """One array, borrowed for a call. `device` is -1 for host memory, else
     the CUDA ordinal. `contiguous` means C order (row-major, dense)."""
 
-    address: int
-    shape: tuple
-    element: str
-    itemsize: int
-    device: int
-    readonly: bool
-    contiguous: bool
-    _release: object = None
+    __slots__ = ("address", "shape", "element", "itemsize", "device", "readonly", "contiguous",
+                 "_buffer", "_keep")
+
+    def __init__(self, address, shape, element, itemsize, device, readonly, contiguous,
+                 buffer=None, keep=None) -> None:
+        self.address = address
+        self.shape = shape
+        self.element = element
+        self.itemsize = itemsize
+        self.device = device
+        self.readonly = readonly
+        self.contiguous = contiguous
+        self._buffer = buffer  # a Py_buffer to release
+        self._keep = keep  # what must stay alive meanwhile (a DLPack capsule)
 
     @property
     def nbytes(self) -> int:
@@ -131,9 +136,10 @@ class Borrowed:
         return n
 
     def release(self) -> None:
-        if self._release is not None:
-            release, self._release = self._release, None
-            release()
+        if self._buffer is not None:
+            buffer, self._buffer = self._buffer, None
+            _release_buffer(ctypes.byref(buffer))
+        self._keep = None
 
 
 def _c_contiguous(shape: tuple, strides, itemsize: int) -> bool:
@@ -147,32 +153,47 @@ def _c_contiguous(shape: tuple, strides, itemsize: int) -> bool:
     return True
 
 
+_get_buffer = _api.PyObject_GetBuffer
+_release_buffer = _api.PyBuffer_Release
+_elements: dict = {}  # format bytes -> element name
+
+
+def _element_of(fmt: bytes | None) -> str:
+    element = _elements.get(fmt)
+    if element is None:
+        text = (fmt or b"B").decode("ascii", "replace")
+        if text[:1] in "@=" or (text[:1] == "<" and sys.byteorder == "little"):
+            text = text[1:]
+        element = _elements[fmt] = _FORMATS.get(text, f"format '{text}'")
+    return element
+
+
 def _from_buffer(obj: object) -> Borrowed | None:
-    """The buffer protocol's view, or None when obj does not offer one."""
+    """The buffer protocol's view, or None when obj does not offer one. Asks
+    for C order first (the exporter checks it); a strided view is taken only
+    to say that it is one."""
     view = _PyBuffer()
+    ref = ctypes.byref(view)
     try:
-        _api.PyObject_GetBuffer(obj, ctypes.byref(view), _PyBUF_RECORDS_RO)
-    except (BufferError, TypeError, ValueError):
+        _get_buffer(obj, ref, _PyBUF_C_ORDER_RO)
+        contiguous = True
+    except TypeError:
         return None
+    except (BufferError, ValueError):
+        try:
+            _get_buffer(obj, ref, _PyBUF_RECORDS_RO)
+        except (BufferError, TypeError, ValueError):
+            return None
+        contiguous = False
     try:
-        fmt = (view.format or b"B").decode("ascii", "replace")
-        if fmt[:1] in "@=" or (fmt[:1] == "<" and sys.byteorder == "little"):
-            fmt = fmt[1:]
-        element = _FORMATS.get(fmt, f"format '{fmt}'")
-        shape = tuple(view.shape[i] for i in range(view.ndim)) if view.shape else (view.len,)
-        strides = tuple(view.strides[i] for i in range(view.ndim)) if view.strides else None
-        return Borrowed(
-            address=view.buf or 0,
-            shape=shape,
-            element=element,
-            itemsize=view.itemsize,
-            device=-1,
-            readonly=bool(view.readonly),
-            contiguous=_c_contiguous(shape, strides, view.itemsize),
-            _release=lambda: _api.PyBuffer_Release(ctypes.byref(view)),
-        )
+        ndim = view.ndim
+        shape = tuple(view.shape[:ndim]) if view.shape else (view.len // max(view.itemsize, 1),)
+        if not contiguous and view.strides:
+            contiguous = _c_contiguous(shape, tuple(view.strides[:ndim]), view.itemsize)
+        return Borrowed(view.buf or 0, shape, _element_of(view.format), view.itemsize, -1,
+                        bool(view.readonly), contiguous, buffer=view)
     except BaseException:
-        _api.PyBuffer_Release(ctypes.byref(view))
+        _release_buffer(ref)
         raise
 
 
@@ -201,15 +222,14 @@ def _from_dlpack(obj: object, what: str, stream: int | None) -> Borrowed:
     strides = tuple(int(t.strides[i]) for i in range(t.ndim)) if t.strides else None
     itemsize = max(t.dtype.bits // 8, 1) * t.dtype.lanes
     return Borrowed(
-        address=(t.data or 0) + int(t.byte_offset),
-        shape=shape,
-        element=_dl_element(t.dtype.code, t.dtype.bits, t.dtype.lanes),
-        itemsize=itemsize,
-        device=device,
-        readonly=False,
-        # DLPack strides count elements, not bytes.
-        contiguous=_c_contiguous(shape, strides, 1),
-        _release=lambda keep=capsule: None,
+        (t.data or 0) + int(t.byte_offset),
+        shape,
+        _dl_element(t.dtype.code, t.dtype.bits, t.dtype.lanes),
+        itemsize,
+        device,
+        False,
+        _c_contiguous(shape, strides, 1),  # DLPack strides count elements
+        keep=capsule,
     )
 
 

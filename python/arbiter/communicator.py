@@ -42,6 +42,7 @@ _REQUIRED = {
 _ELEMENTS = {Dtype.FP16: ("fp16",), Dtype.BF16: ("bf16", "u16"), Dtype.FP32: ("fp32",)}
 _NUMPY_TYPES = {Dtype.FP16: "float16", Dtype.BF16: "uint16", Dtype.FP32: "float32"}
 _BACKENDS = ("trtllm", "mnnvl", "nccl", "shm")
+_BYTES = ("u8", "fp8", "i8")  # quantised outputs
 
 
 def _invalid(message: str) -> ArbiterError:
@@ -336,16 +337,14 @@ class Communicator:
         elif scale is not None:
             raise _invalid(f"pattern {pattern.name.lower()} takes no scale")
 
-        shapes = {
-            "allreduce_out": ((tokens, hidden), elements),
-            "residual_out": ((tokens, hidden), elements),
-            "norm_out": ((tokens, hidden), elements),
-            "quant_out": (
-                (tokens, hidden if pattern == Pattern.RESIDUAL_RMSNORM_FP8 else hidden // 2),
-                ("u8", "fp8", "i8"),
-            ),
-            "scale_out": ((_nvfp4_scale_bytes(tokens, hidden),), ("u8", "fp8", "i8")),
-        }
+        def layout(name: str) -> tuple:  # (shape, element types) of an output
+            if name == "quant_out":
+                per_token = hidden if pattern == Pattern.RESIDUAL_RMSNORM_FP8 else hidden // 2
+                return (tokens, per_token), _BYTES
+            if name == "scale_out":
+                return (_nvfp4_scale_bytes(tokens, hidden),), _BYTES
+            return (tokens, hidden), elements
+
         given = dict(out or {})
         unknown = set(given) - set(_OUTPUTS)
         if unknown:
@@ -359,7 +358,7 @@ class Communicator:
                         raise _invalid(f"out: {name} is required by this pattern")
                     continue
             elif name in _PRODUCED[pattern]:
-                obj = self._allocate(name, *shapes[name])
+                obj = self._allocate(name, *layout(name))
             else:
                 continue
             if not norm and name != "allreduce_out":
@@ -369,7 +368,7 @@ class Communicator:
             if pattern == Pattern.RESIDUAL_RMSNORM_FP8 and name == "scale_out":
                 raise _invalid("out: residual_rmsnorm_fp8 writes no scale_out")
             view = self._borrow(obj, f"out[{name!r}]", handle, held)
-            self._check(view, f"out[{name!r}]", *shapes[name], writable=True)
+            self._check(view, f"out[{name!r}]", *layout(name), writable=True)
             setattr(args, name, view.address)
             results[name] = obj
 
@@ -389,7 +388,7 @@ class Communicator:
             )
         import numpy
 
-        kind = _NUMPY_TYPES[self.dtype] if elements == _ELEMENTS[self.dtype] else "uint8"
+        kind = "uint8" if elements is _BYTES else _NUMPY_TYPES[self.dtype]
         return numpy.empty(shape, dtype=kind)
 
     # --- lifetime ---------------------------------------------------------
