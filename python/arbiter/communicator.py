@@ -113,6 +113,8 @@ class Communicator:
             raise _invalid(f"rank {rank!r} of world_size {world_size!r}: need 0 <= rank < size")
         self._setup(hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,
                     multicast, local_rank)
+        if self.capability != 0 and local_rank is None:
+            raise _invalid("local_rank: a GPU rank needs its CUDA device ordinal (LOCAL_RANK)")
         self._oob = PythonOob(oob, rank, world_size)
         self._create(policy, lambda lib, p, o, h: lib.arbiter_comm_create(
             ctypes.byref(self._oob.c), p, o, h))
@@ -165,8 +167,10 @@ class Communicator:
         if isinstance(capability, tuple) and len(capability) == 2:
             capability = "{}.{}".format(*capability)  # torch.cuda.get_device_capability()
         self.capability = parse_capability(capability)
-        if self.capability != 0 and local_rank is not None and local_rank < 0:
-            raise _invalid(f"local_rank {local_rank} is not a CUDA device ordinal")
+        if self.capability != 0 and local_rank is not None and not (
+            isinstance(local_rank, int) and local_rank >= 0
+        ):
+            raise _invalid(f"local_rank {local_rank!r} is not a CUDA device ordinal")
         self._options = _library.CCommOptions(
             capability=self.capability,
             nodes=nodes,

@@ -201,3 +201,36 @@ def test_the_tensor_parallel_example_matches_its_unsplit_model(arbiter_bin, tmp_
     assert code == 0, log
     assert "every layer shm oneshot fused" in log, log
     assert "every rank matches the unsplit model" in log, log
+
+
+class BrokenGroup:
+    def allgather(self, data: bytes) -> list[bytes]:
+        raise RuntimeError("the group is gone")
+
+
+class ShortGroup:
+    def allgather(self, data: bytes) -> list[bytes]:
+        return [data]  # one part for a group of two
+
+
+@pytest.mark.parametrize(
+    "group, fields, message",
+    [
+        (object(), {}, "has no allgather(bytes) -> list[bytes]"),
+        (BrokenGroup(), {"rank": 2}, "need 0 <= rank < size"),
+        (BrokenGroup(), {"hidden": 0}, "hidden 0 is not a positive integer"),
+        (BrokenGroup(), {"max_tokens": -3}, "max_tokens -3 is not a positive integer"),
+        (BrokenGroup(), {"timeout": float("inf")}, "timeout inf is not a positive number"),
+        (BrokenGroup(), {"dtype": "int8"}, "int8"),
+        (BrokenGroup(), {"capability": (9, 0)}, "a GPU rank needs its CUDA device ordinal"),
+        (BrokenGroup(), {"capability": "9.0", "local_rank": -1}, "not a CUDA device ordinal"),
+        (BrokenGroup(), {}, "oob allgather: RuntimeError: the group is gone"),
+        (ShortGroup(), {}, "allgather returned 1 parts for a group of 2"),
+    ],
+)
+def test_creation_fails_with_the_reason_and_waits_for_nobody(group, fields, message):
+    kwargs = dict(rank=0, world_size=2, hidden=64, dtype="bf16", timeout=5)
+    kwargs.update(fields)
+    with pytest.raises(arbiter.ArbiterError) as e:
+        arbiter.Communicator(group, **kwargs)
+    assert message in e.value.message
