@@ -4,7 +4,8 @@
 # with find_package(arbiter) and a C program with pkg-config, runs the fused
 # example on 2 ranks under the installed `arbiter launch`, checks that C,
 # Python and the `arbiter` program read the same ARBITER_CONFIG layer (equal
-# fingerprints and decisions), and runs the Python binding's tests against the
+# fingerprints and decisions), runs a fused all-reduce on 2 ranks from the
+# installed Python package, and runs the Python binding's tests against the
 # installed library. Reuses ${BUILD_DIR:-build}, configuring and building it
 # when needed. PYTHON selects the interpreter (default /usr/bin/python3, with
 # python3-pytest from scripts/setup.sh).
@@ -131,6 +132,19 @@ case "$found" in
   "$prefix"/*) ;;
   *) die "the installed package loaded $found, not the prefix's library" ;;
 esac
+
+step "the installed Python package runs a fused all-reduce on 2 ranks"
+cat > "$work/comm.py" <<'EOF_PY'
+import numpy as np, arbiter
+with arbiter.Communicator.from_environment(hidden=256, dtype="fp32", timeout=60) as comm:
+    x = np.full((4, 256), comm.rank + 1.0, np.float32)
+    r = comm.allreduce_fusion(x, np.ones_like(x), np.ones(256, np.float32))
+    assert float(r.residual_out[0, 0]) == 4.0, r.residual_out[0, 0]
+    print(f"rank {comm.rank}: {r.decision.backend} {r.decision.algorithm} via {arbiter.library_path()}")
+EOF_PY
+PYTHONPATH="$prefix/$pydir" "$arbiter" launch --nproc 2 --timeout 120 -- "$python" "$work/comm.py" \
+  > "$work/comm.log" 2>&1 || die "$(cat "$work/comm.log")"
+[ "$(grep -c "shm oneshot via $prefix/" "$work/comm.log")" = 2 ] || die "$(cat "$work/comm.log")"
 
 step "Python tests against the installed library"
 ARBITER_LIBRARY="$prefix/$libdir" ARBITER_BIN="$arbiter" PYTHONPATH="$src/python" \

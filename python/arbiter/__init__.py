@@ -15,6 +15,12 @@ which their fingerprints show.
                            nvlink_domain=True, multicast=True)   # 67108864
     print(policy.explain(capability=90, world_size=8, message_bytes="1MiB"))
 
+And it runs the all-reduce (every rank, e.g. under `arbiter launch` or torchrun):
+
+    comm = arbiter.Communicator.from_environment(hidden=4096, dtype="bf16")
+    r = comm.allreduce_fusion(x, residual, weight, eps=1e-6)   # numpy, torch, cupy ...
+    r.norm_out, r.residual_out, r.decision
+
 The library is found through ARBITER_LIBRARY (the file or its folder), then
 next to this package, then in the prefix this package was installed into,
 then on the system's library path. Failures raise ArbiterError, whose
