@@ -109,9 +109,9 @@ int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
 typedef struct arbiter_comm_info {
   int32_t rank;
   int32_t world_size;
-  int32_t device;         /* the CUDA ordinal in use; -1 for CPU ranks */
-  uint32_t backend_mask;  /* backends with a workspace on every rank: bit backend */
-  uint64_t fingerprint;   /* of the tables every rank agreed on */
+  int32_t device;        /* the CUDA ordinal in use; -1 for CPU ranks */
+  uint32_t backend_mask; /* backends with a workspace on every rank: bit backend */
+  uint64_t fingerprint;  /* of the tables every rank agreed on */
 } arbiter_comm_info;
 
 /* Not collective; no allocation. */
