@@ -160,8 +160,8 @@ def main() -> int:
             if lead:
                 ways = sorted({f"{d.backend} {d.algorithm} {'fused' if d.fused else 'unfused'}"
                                for d in decisions})
-                print(f"  {kind:7} {tokens:4} tokens x {args.hidden}: every layer {' / '.join(ways)}"
-                      f"; max |split - unsplit| / max |unsplit| = {drift:.1e}")
+                print(f"  {kind:7} {tokens:4} tokens x {args.hidden}: every layer "
+                      f"{' / '.join(ways)}; max |split - unsplit| / max |unsplit| = {drift:.1e}")
             steps = args.steps if kind == "decode" else max(2, args.steps // 10)
             start = time.perf_counter()
             for _ in range(steps):
