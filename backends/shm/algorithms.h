@@ -2,7 +2,7 @@
 // rank of the workspace calls the same algorithm with the same shape.
 //
 // REQUIRES (checked by run() in module.cpp): args valid for the workspace,
-// tokens > 0, message bytes <= max_message_bytes.
+// tokens > 0, message bytes <= the workspace's slot_bytes().
 // All three produce bit-identical outputs for the same inputs: the sum is
 // accumulated in fp32 in rank order from +0.0 (token_kernels.h), then the
 // epilogue of arbiter/common/rmsnorm.h runs on it.

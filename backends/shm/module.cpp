@@ -1,7 +1,10 @@
 // The shm module's C entry points: argument checks, dispatch to an
 // algorithm, and the exported arbiter_backend_v1. Every entry point catches
 // everything; no exception crosses the plugin boundary.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -76,12 +79,14 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
   }
   if (a.hidden == 0) return {ARBITER_INVALID_ARGUMENT, "shm run: hidden is 0"};
   const std::size_t element = common::dtype_size(a.dtype);
-  const std::uint64_t bytes = std::uint64_t{a.tokens} * a.hidden * element;
-  if (bytes > workspace.max_message_bytes()) {
+  // Any number of tokens streams through the slots; one token must fit.
+  const std::uint64_t row_bytes = std::uint64_t{a.hidden} * element;
+  if (row_bytes > workspace.slot_bytes()) {
     return {ARBITER_UNSUPPORTED,
-            "shm run: message of " + std::to_string(bytes) + " bytes (" + std::to_string(a.tokens) +
-                " tokens x " + std::to_string(a.hidden) + ") exceeds the workspace's " +
-                std::to_string(workspace.max_message_bytes()) + " bytes per rank"};
+            "shm run: one token of hidden " + std::to_string(a.hidden) + " is " +
+                std::to_string(row_bytes) + " bytes, more than the workspace's slot of " +
+                std::to_string(workspace.slot_bytes()) +
+                " bytes (create the workspace with this hidden size)"};
   }
   if (a.tokens == 0) {
     empty = true;
@@ -163,9 +168,52 @@ std::int32_t workspace_create(const arbiter_oob* oob, const arbiter_workspace_sp
 }
 
 std::uint64_t max_message_bytes(const arbiter_workspace* handle, arbiter_algorithm) {
-  // Every algorithm has one slot of max_message_bytes per rank.
-  if (handle == nullptr) return 0;
-  return reinterpret_cast<const Workspace*>(handle)->max_message_bytes();
+  // Any size: run() streams a call through the slots a slice at a time.
+  return handle == nullptr ? 0 : std::numeric_limits<std::uint64_t>::max();
+}
+
+// `base` + `bytes`, or NULL for an absent buffer.
+const void* at(const void* base, std::size_t bytes) {
+  return base == nullptr ? nullptr : static_cast<const std::byte*>(base) + bytes;
+}
+void* at(void* base, std::size_t bytes) {
+  return base == nullptr ? nullptr : static_cast<std::byte*>(base) + bytes;
+}
+
+Status run_algorithm(Workspace& workspace, const arbiter_allreduce_args& args) {
+  switch (args.algorithm) {
+    case ARBITER_ALGORITHM_ONESHOT:
+      return run_oneshot(workspace, args);
+    case ARBITER_ALGORITHM_TWOSHOT:
+      return run_twoshot(workspace, args);
+    default:
+      return run_native(workspace, args);
+  }
+}
+
+// A call larger than a slot, as consecutive calls on slices of whole tokens
+// (the norm is per token, so each slice is a complete call). Every rank
+// slices the same shape alike, so the slices pair up across ranks.
+Status run_streamed(Workspace& workspace, const arbiter_allreduce_args& args) {
+  const std::size_t element = common::dtype_size(args.dtype);
+  const std::size_t row_bytes = std::size_t{args.hidden} * element;
+  const auto slice_tokens = static_cast<std::uint32_t>(workspace.slot_bytes() / row_bytes);
+  if (args.tokens <= slice_tokens) return run_algorithm(workspace, args);
+  // quant_out holds one byte per element (FP8; NVFP4 is refused above).
+  const std::size_t quant_row = args.hidden;
+  for (std::uint32_t first = 0; first < args.tokens; first += slice_tokens) {
+    arbiter_allreduce_args slice = args;
+    slice.tokens = std::min(slice_tokens, args.tokens - first);
+    const std::size_t offset = std::size_t{first} * row_bytes;
+    slice.input = at(args.input, offset);
+    slice.allreduce_out = at(args.allreduce_out, offset);
+    slice.residual_in = at(args.residual_in, offset);
+    slice.residual_out = at(args.residual_out, offset);
+    slice.norm_out = at(args.norm_out, offset);
+    slice.quant_out = at(args.quant_out, std::size_t{first} * quant_row);
+    if (Status status = run_algorithm(workspace, slice); !status.ok()) return status;
+  }
+  return {};
 }
 
 std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, void*) {
@@ -176,14 +224,7 @@ std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, 
     if (Status status = check_run(workspace, args, empty); !status.ok() || empty) return status;
     if (Status status = workspace.usable(); !status.ok()) return status;
     ++workspace.calls;
-    switch (args->algorithm) {
-      case ARBITER_ALGORITHM_ONESHOT:
-        return run_oneshot(workspace, *args);
-      case ARBITER_ALGORITHM_TWOSHOT:
-        return run_twoshot(workspace, *args);
-      default:
-        return run_native(workspace, *args);
-    }
+    return run_streamed(workspace, *args);
   });
 }
 

@@ -6,7 +6,10 @@
 //   [one-shot: 2 parities x world_size slots][two-shot inputs: world_size slots]
 //   [two-shot / native sums: 1 slot]
 //
-// A slot holds one rank's message (max_message_bytes, rounded up to 64).
+// A slot holds one rank's part of one slice of a call (slot_bytes, rounded
+// up to 64): a call larger than a slot streams through the slots a slice of
+// whole tokens at a time (module.cpp), so the mapping does not grow with the
+// message.
 // One-shot call n uses parity n % 2; a rank publishes chunk k of its slot by
 // storing (n + 1) mod 2^32 into its line for (parity, k) after the chunk's data
 // (oneshot.cpp). Rank 0 writes the header before anyone else maps the
@@ -20,7 +23,7 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 3;
+inline constexpr std::uint32_t kLayoutVersion = 4;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
@@ -32,7 +35,7 @@ struct SharedHeader {
   std::uint32_t layout_version;
   std::int32_t world_size;
   std::uint32_t dtype;
-  std::uint64_t max_message_bytes;
+  std::uint64_t slot_bytes;
   std::uint64_t total_bytes;
   // (rank + 1) of the first rank that gave up on a wait, or 0. Once set the
   // workspace is dead: every waiter returns and every later run() fails.
@@ -42,6 +45,19 @@ struct SharedHeader {
   alignas(kLine) std::uint32_t sleepers;
 };
 static_assert(sizeof(SharedHeader) <= kPage);
+
+// The largest slot: a rank's share of one slice. Calls beyond it stream
+// (one more synchronisation per MiB per rank, well under 1% of moving it),
+// and the mapping stays (3 x world size + 1) x 1 MiB at most: 25 MiB at 8
+// ranks, whatever the fused cap.
+inline constexpr std::uint64_t kMaxSlotBytes = std::uint64_t{1} << 20;
+
+// The slot for a workspace asked to take `max_message_bytes` per call with
+// rows of `row_bytes`: at most kMaxSlotBytes, at least one row.
+inline std::uint64_t slot_bytes_for(std::uint64_t max_message_bytes, std::uint64_t row_bytes) {
+  const std::uint64_t slot = max_message_bytes < kMaxSlotBytes ? max_message_bytes : kMaxSlotBytes;
+  return slot > row_bytes ? slot : row_bytes;
+}
 
 // One-shot moves a message in chunks of whole tokens of about this many
 // bytes (at least one token): a chunk is summed while it is still in cache,
@@ -53,16 +69,17 @@ inline std::size_t oneshot_chunk_tokens(std::size_t row_bytes) {
   return row_bytes >= kOneshotChunkBytes ? 1 : kOneshotChunkBytes / row_bytes;
 }
 
-// The most chunks a message of at most `max_message_bytes` takes, for any
-// row size: a chunk holds more than half of kOneshotChunkBytes, or one
-// whole row longer than that.
-inline std::size_t oneshot_max_chunks(std::uint64_t max_message_bytes) {
-  return static_cast<std::size_t>((2 * max_message_bytes + kOneshotChunkBytes - 1) /
+// The most chunks a slice of at most `slot_bytes` takes, for any row size:
+// a chunk holds more than half of kOneshotChunkBytes, or one whole row
+// longer than that.
+inline std::size_t oneshot_max_chunks(std::uint64_t slot_bytes) {
+  return static_cast<std::size_t>((2 * slot_bytes + kOneshotChunkBytes - 1) /
                                   kOneshotChunkBytes);
 }
 
 struct Layout {
-  std::size_t slot_stride = 0;
+  std::uint64_t slot_bytes = 0;   // what a slot holds
+  std::size_t slot_stride = 0;    // slot_bytes rounded up to a line
   std::size_t oneshot_chunks = 0;  // sequence lines per (parity, rank)
   std::size_t flags = 0;           // offsets from the start of the mapping
   std::size_t oneshot_sequences = 0;
@@ -77,14 +94,14 @@ inline std::size_t round_up(std::size_t value, std::size_t multiple) {
 }
 
 // nullopt when the sizes overflow.
-inline std::optional<Layout> compute_layout(std::int32_t world_size,
-                                            std::uint64_t max_message_bytes) {
+inline std::optional<Layout> compute_layout(std::int32_t world_size, std::uint64_t slot_bytes) {
   constexpr std::uint64_t kLimit = std::uint64_t{1} << 46;  // 64 TiB: beyond any real mapping
-  if (world_size <= 0 || max_message_bytes == 0 || max_message_bytes > kLimit) return std::nullopt;
+  if (world_size <= 0 || slot_bytes == 0 || slot_bytes > kLimit) return std::nullopt;
   const auto ranks = static_cast<std::size_t>(world_size);
   Layout layout;
-  layout.slot_stride = round_up(max_message_bytes, kLine);
-  layout.oneshot_chunks = oneshot_max_chunks(max_message_bytes);
+  layout.slot_bytes = slot_bytes;
+  layout.slot_stride = round_up(slot_bytes, kLine);
+  layout.oneshot_chunks = oneshot_max_chunks(slot_bytes);
   layout.flags = kPage;
   layout.oneshot_sequences = layout.flags + round_up(ranks * kLine, kPage);
   layout.oneshot =

@@ -13,13 +13,12 @@
 namespace arbiter::shm {
 
 Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
-                     arbiter_dtype dtype, std::uint64_t max_message_bytes, std::int64_t timeout_ms)
+                     arbiter_dtype dtype, std::int64_t timeout_ms)
     : base_(base),
       layout_(layout),
       rank_(rank),
       world_size_(world_size),
       dtype_(dtype),
-      max_message_bytes_(max_message_bytes),
       timeout_ms_(timeout_ms) {}
 
 // The object was unlinked at creation, so the memory goes away with the last

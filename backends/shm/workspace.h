@@ -23,7 +23,7 @@ class Workspace {
  public:
   // Takes ownership of a mapping of layout.total bytes at `base`.
   Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
-            arbiter_dtype dtype, std::uint64_t max_message_bytes, std::int64_t timeout_ms);
+            arbiter_dtype dtype, std::int64_t timeout_ms);
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -31,7 +31,9 @@ class Workspace {
   std::int32_t rank() const { return rank_; }
   std::int32_t world_size() const { return world_size_; }
   arbiter_dtype dtype() const { return dtype_; }
-  std::uint64_t max_message_bytes() const { return max_message_bytes_; }
+  // What one algorithm call takes per rank; run() streams larger calls
+  // through it a slice of whole tokens at a time.
+  std::uint64_t slot_bytes() const { return layout_.slot_bytes; }
 
   SharedHeader& header() { return *static_cast<SharedHeader*>(base_); }
   std::byte* oneshot_slot(std::uint32_t parity, std::int32_t rank);
@@ -75,7 +77,6 @@ class Workspace {
   std::int32_t rank_;
   std::int32_t world_size_;
   arbiter_dtype dtype_;
-  std::uint64_t max_message_bytes_;
   std::int64_t timeout_ms_;
   std::uint32_t barrier_flag_ = 0;
   // Scratch for sum_inputs(); sized once, so calls do not allocate.

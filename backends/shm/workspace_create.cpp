@@ -41,7 +41,7 @@ struct Hello {
   std::int32_t rank;
   std::int32_t world_size;
   std::uint32_t dtype;
-  std::uint64_t max_message_bytes;
+  std::uint64_t slot_bytes;  // from max_message_bytes and hidden (0 when the spec is bad)
   char host[kNameBytes];
   char message[kTextBytes];
 };
@@ -154,13 +154,14 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
     const Hello& other = hellos[rank];
     const std::string ranks = "rank 0 and rank " + std::to_string(rank);
     if (other.world_size != first.world_size || other.dtype != first.dtype ||
-        other.max_message_bytes != first.max_message_bytes) {
+        other.slot_bytes != first.slot_bytes) {
       return {ARBITER_INVALID_ARGUMENT,
               "shm workspace creation: " + ranks + " disagree on the workspace (world size " +
                   std::to_string(first.world_size) + " vs " + std::to_string(other.world_size) +
                   ", dtype " + dtype_name(first.dtype) + " vs " + dtype_name(other.dtype) +
-                  ", max_message_bytes " + std::to_string(first.max_message_bytes) + " vs " +
-                  std::to_string(other.max_message_bytes) + ")"};
+                  ", slot bytes " + std::to_string(first.slot_bytes) + " vs " +
+                  std::to_string(other.slot_bytes) +
+                  ": max_message_bytes and hidden must agree)"};
     }
     if (std::strncmp(other.host, first.host, kNameBytes) != 0) {
       return {ARBITER_UNAVAILABLE, "shm needs every rank on one host: rank 0 runs on " +
@@ -177,7 +178,7 @@ void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec&
   header->layout_version = kLayoutVersion;
   header->world_size = spec.world_size;
   header->dtype = spec.dtype;
-  header->max_message_bytes = spec.max_message_bytes;
+  header->slot_bytes = layout.slot_bytes;
   header->total_bytes = layout.total;
   header->failed_rank = 0;
   header->sleepers = 0;
@@ -244,7 +245,7 @@ Status map_object(const std::string& name, const Layout& layout, const arbiter_w
   const auto* header = static_cast<const SharedHeader*>(*base);
   if (header->magic != kMagic || header->layout_version != kLayoutVersion ||
       header->world_size != spec.world_size || header->dtype != spec.dtype ||
-      header->max_message_bytes != spec.max_message_bytes || header->total_bytes != layout.total) {
+      header->slot_bytes != layout.slot_bytes || header->total_bytes != layout.total) {
     munmap(*base, layout.total);
     *base = nullptr;
     return {ARBITER_INTERNAL, name + " does not hold the workspace this rank expects"};
@@ -267,14 +268,25 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   hello.rank = oob.rank;
   hello.world_size = spec.world_size;
   hello.dtype = spec.dtype;
-  hello.max_message_bytes = spec.max_message_bytes;
+  hello.slot_bytes =
+      local.ok() ? slot_bytes_for(spec.max_message_bytes,
+                                  std::uint64_t{spec.hidden} * common::dtype_size(spec.dtype))
+                 : 0;
   copy_text(hello.host, host_identity());
   copy_text(hello.message, local.message());
   std::vector<Hello> hellos(ranks);
   std::int32_t code = oob.allgather(oob.ctx, &hello, hellos.data(), sizeof(Hello), timeout);
   if (code != ARBITER_OK) return oob_failed(oob, code, "allgather of workspace parameters");
   if (Status verdict = judge_hellos(hellos); !verdict.ok()) return verdict;
-  const Layout layout = *compute_layout(spec.world_size, spec.max_message_bytes);
+  const std::uint64_t slot_bytes = hello.slot_bytes;
+  const std::optional<Layout> maybe_layout = compute_layout(spec.world_size, slot_bytes);
+  if (!maybe_layout) {
+    return {ARBITER_INVALID_ARGUMENT, "shm workspace creation: a slot of " +
+                                          std::to_string(slot_bytes) +
+                                          " bytes (one token of hidden " +
+                                          std::to_string(spec.hidden) + ") is too large"};
+  }
+  const Layout layout = *maybe_layout;
 
   // 2. Rank 0 creates; everyone learns the name or why there is none.
   Announcement announcement{};
@@ -328,8 +340,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     }
   }
   try {
-    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype,
-                         spec.max_message_bytes, timeout);
+    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout);
   } catch (...) {
     munmap(base, layout.total);
     throw;

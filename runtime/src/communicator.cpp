@@ -176,9 +176,9 @@ void Communicator::Impl::create(const Registry& registry) {
     spec.dtype = static_cast<arbiter_dtype>(options.dtype);
     spec.pattern_mask = options.pattern_mask;
     // Fused backends take at most the cap. The fallback takes any size, in
-    // slices of its workspace (run_in_slices), so it needs no more than the
-    // cap or kFallbackSliceBytes: a workspace the size of the largest call
-    // would cost (3 ws + 1) times that in /dev/shm for shm.
+    // slices of its workspace (run_in_slices, unless the module streams by
+    // itself as shm does), so it needs no more than the cap or
+    // kFallbackSliceBytes: nccl's scratch need not hold the largest call.
     spec.max_message_bytes = fused_bytes;
     if (b == fallback) {
       const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);

@@ -249,14 +249,17 @@ struct Shape {
 };
 
 // Every dtype x shape x variant, one workspace per dtype sized for the
-// largest shape.
-std::string sweep(int rank, const arbiter_oob& oob, const std::vector<Shape>& shapes) {
+// largest shape, or for `workspace_tokens` tokens of the widest shape when
+// that is not 0 (larger calls then stream through it in slices).
+std::string sweep(int rank, const arbiter_oob& oob, const std::vector<Shape>& shapes,
+                  std::uint32_t workspace_tokens = 0) {
   const auto& module = shm();
   for (arbiter_dtype dtype : {ARBITER_DTYPE_FP32, ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16}) {
     std::uint64_t largest = 0;
     for (const Shape& shape : shapes) {
       for (std::uint32_t tokens : shape.tokens) {
-        largest = std::max<std::uint64_t>(largest, std::uint64_t{tokens} * shape.hidden);
+        largest = std::max<std::uint64_t>(
+            largest, std::uint64_t{workspace_tokens != 0 ? workspace_tokens : tokens} * shape.hidden);
       }
     }
     const arbiter_workspace_spec spec = make_spec(oob, dtype, largest * dtype_size(dtype));
@@ -366,6 +369,19 @@ BOOST_AUTO_TEST_CASE(four_ranks_match_the_reference_bit_identically_in_every_alg
 
 BOOST_AUTO_TEST_CASE(eight_ranks_match_the_reference_bit_identically_in_every_algorithm) {
   run_group(8, model_shapes);
+}
+
+// A workspace of 3 tokens: every call of 4 to 40 tokens streams through it
+// in slices, in every algorithm, dtype and pattern, in place too, with the
+// bits of an unsliced call (the reference bounds and the equality across
+// algorithms, whose slices differ from each other's chunks, say so).
+BOOST_AUTO_TEST_CASE(calls_larger_than_the_workspace_stream_through_it_exactly) {
+  run_group(2, [](int rank, const arbiter_oob& oob) {
+    return sweep(rank, oob, {{1024, {4, 7, 40}}, {2880, {5}}}, 3);
+  });
+  run_group(3, [](int rank, const arbiter_oob& oob) {
+    return sweep(rank, oob, {{512, {4, 10}}}, 3);
+  });
 }
 
 BOOST_AUTO_TEST_CASE(odd_world_sizes_and_messages_that_do_not_fill_whole_words_work) {
@@ -560,11 +576,14 @@ BOOST_AUTO_TEST_CASE(calls_the_workspace_cannot_take_are_unsupported_and_change_
     if (module.workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
       return std::string("workspace_create: ") + module.last_error();
     }
-    if (module.max_message_bytes(workspace, ARBITER_ALGORITHM_ONESHOT) != 4ull * kHidden * 2 ||
-        module.max_message_bytes(workspace, ARBITER_ALGORITHM_TWOSHOT) != 4ull * kHidden * 2) {
-      return "max_message_bytes is not the spec's per-rank capacity";
+    // Any number of tokens streams through the slots; one token must fit.
+    for (arbiter_algorithm algorithm :
+         {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
+      if (module.max_message_bytes(workspace, algorithm) != UINT64_MAX) {
+        return "max_message_bytes is not 'any size'";
+      }
     }
-    Buffers b(ARBITER_DTYPE_BF16, 5, kHidden);  // one token too many
+    Buffers b(ARBITER_DTYPE_BF16, 1, 5 * kHidden);  // one token wider than the slot
     Buffers::fill(b.input, b.dtype, b.count(), 7 + rank, 0.0f);
     Buffers::fill(b.residual, b.dtype, b.count(), 7, 0.0f);
     Buffers::fill(b.gamma, b.dtype, kHidden, 8, 1.0f);
@@ -574,9 +593,11 @@ BOOST_AUTO_TEST_CASE(calls_the_workspace_cannot_take_are_unsupported_and_change_
          {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
       arbiter_allreduce_args args = make_args(b, kVariants[0], algorithm);
       if (module.run(workspace, &args, nullptr) != ARBITER_UNSUPPORTED) {
-        return std::string("an oversized message was not refused: ") + algorithm_name(algorithm);
+        return std::string("a token wider than the slot was not refused: ") +
+               algorithm_name(algorithm);
       }
-      if (std::string(module.last_error()).find("exceeds") == std::string::npos) {
+      if (std::string(module.last_error()).find("one token of hidden 2560 is 5120 bytes") ==
+          std::string::npos) {
         return std::string("oversize reason: ") + module.last_error();
       }
       // NVFP4 is refused with a reason, whatever the size.

@@ -39,8 +39,8 @@ struct CommunicatorOptions {
   // rank per call, and the fused backends of the topology's preference list
   // get one even where the tables fuse nothing (no cell, or `off`), so that
   // run_on() can measure what a table lacks (`arbiter bench`). Memory grows
-  // with N: shm keeps 3 x world size + 1 copies in /dev/shm, trtllm three
-  // one-shot stages of world size x N per GPU.
+  // with N for trtllm (three one-shot stages of world size x N per GPU); shm
+  // stops at (3 x world size + 1) x 1 MiB in /dev/shm and streams the rest.
   std::uint64_t fused_workspace_bytes = 0;
 };
 
