@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "cpu_affinity.h"
 
 extern char** environ;
 
@@ -38,13 +40,20 @@ constexpr std::size_t kMaxLine = 64 * 1024;  // longer lines are cut into pieces
 constexpr auto kDrainWait = std::chrono::seconds(1);
 
 constexpr const char* kUsage =
-    "usage: arbiter launch --nproc N [--timeout S] [--port P] [--grace S] -- PROGRAM ARGS...\n"
+    "usage: arbiter launch --nproc N [--timeout S] [--port P] [--grace S]\n"
+    "                      [--cpu-affinity none|spread|CPUS] -- PROGRAM ARGS...\n"
     "\n"
     "Starts N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
     "LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port unless --port),\n"
     "ARBITER_JOB_TOKEN (fresh and random), and UCX_TLS=tcp,self UCX_NET_DEVICES=lo unless\n"
     "already set. Each line a rank writes is printed as `[rank K] LINE` on the same\n"
     "stream (stdout or stderr); ranks read stdin from /dev/null.\n"
+    "\n"
+    "--cpu-affinity (or ARBITER_CPU_AFFINITY; the flag wins) pins each rank to one CPU:\n"
+    "`spread` puts rank r on the r-th CPU this launcher may use, a list (0,2,4-7) on its\n"
+    "r-th CPU, both wrapping around; `none` (the default) leaves placement to the kernel.\n"
+    "Pinning helps on a host the job has to itself; on a shared one a pinned rank cannot\n"
+    "move off a core another process keeps busy.\n"
     "\n"
     "When a rank exits non-zero or is killed, or --timeout passes, the other ranks get\n"
     "SIGTERM, then SIGKILL after --grace seconds, and one line says which rank failed\n"
@@ -163,8 +172,12 @@ struct Rank {
 class Launcher {
  public:
   Launcher(int nproc, std::vector<std::string> program, std::optional<double> timeout, double grace,
-           std::uint16_t port)
-      : program_(std::move(program)), timeout_(timeout), grace_(grace), port_(port) {
+           std::uint16_t port, std::vector<int> cpus)
+      : program_(std::move(program)),
+        timeout_(timeout),
+        grace_(grace),
+        port_(port),
+        cpus_(std::move(cpus)) {
     ranks_.resize(nproc);
     for (int i = 0; i < nproc; ++i) ranks_[i].index = i;
   }
@@ -185,6 +198,7 @@ class Launcher {
   std::optional<double> timeout_;
   double grace_;
   std::uint16_t port_;
+  std::vector<int> cpus_;  // CPU of each rank; empty: not pinned
   std::vector<Rank> ranks_;
   pid_t self_ = ::getpid();
 
@@ -235,6 +249,10 @@ bool Launcher::start(Rank& rank, const std::string& token) {
   envp.push_back(nullptr);
   for (const std::string& a : program_) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  const bool pinned = !cpus_.empty();
+  cpu_set_t cpu{};
+  CPU_ZERO(&cpu);
+  if (pinned) CPU_SET(cpus_[static_cast<std::size_t>(rank.index)], &cpu);
 
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
@@ -248,6 +266,11 @@ bool Launcher::start(Rank& rank, const std::string& token) {
     if (devnull >= 0) ::dup2(devnull, 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
+    if (pinned && ::sched_setaffinity(0, sizeof(cpu), &cpu) != 0) {
+      const int error = -errno;  // negative: pinning failed, not exec
+      [[maybe_unused]] ssize_t n = ::write(exec_error[1], &error, sizeof(error));
+      ::_exit(127);
+    }
     ::execvpe(argv[0], argv.data(), envp.data());
     const int error = errno;
     [[maybe_unused]] ssize_t n = ::write(exec_error[1], &error, sizeof(error));
@@ -269,8 +292,11 @@ bool Launcher::start(Rank& rank, const std::string& token) {
   } while (n < 0 && errno == EINTR);
   ::close(exec_error[0]);
   if (n == sizeof(error)) {
-    begin_stop("rank " + std::to_string(rank.index) + " could not start '" + program_[0] +
-                   "': " + std::strerror(error),
+    begin_stop(error < 0 ? "rank " + std::to_string(rank.index) + " could not be pinned to CPU " +
+                               std::to_string(cpus_[static_cast<std::size_t>(rank.index)]) + ": " +
+                               std::strerror(-error)
+                         : "rank " + std::to_string(rank.index) + " could not start '" +
+                               program_[0] + "': " + std::strerror(error),
                kExitFailed);
     return false;
   }
@@ -492,8 +518,10 @@ int cmd_launch(const Args& args) {
       "port", po::value<std::string>(), "MASTER_PORT (default: a free port of 127.0.0.1)")(
       "grace", po::value<std::string>()->default_value("5"),
       "seconds between SIGTERM and SIGKILL when stopping ranks")(
-      "program", po::value<std::vector<std::string>>(), "the program (better after `--`)")(
-      "help,h", "this help");
+      "cpu-affinity", po::value<std::string>(),
+      "pin rank r to one CPU: none (default), spread, or a list such as 0,2,4-7 "
+      "(default: ARBITER_CPU_AFFINITY)")("program", po::value<std::vector<std::string>>(),
+                                         "the program (better after `--`)")("help,h", "this help");
   po::positional_options_description positional;
   positional.add("program", -1);
   po::variables_map vm;
@@ -541,8 +569,22 @@ int cmd_launch(const Args& args) {
   if (program.empty()) {
     throw UsageError{"give the program to run: arbiter launch --nproc N -- PROGRAM ARGS..."};
   }
+  std::vector<int> cpus;
+  if (vm.count("cpu-affinity")) {
+    cpus = cpus_for_ranks(vm["cpu-affinity"].as<std::string>(), "--cpu-affinity", nproc,
+                          allowed_cpus());
+  } else if (const char* env = std::getenv("ARBITER_CPU_AFFINITY")) {
+    cpus = cpus_for_ranks(env, "ARBITER_CPU_AFFINITY", nproc, allowed_cpus());
+  }
+  if (!cpus.empty()) {
+    std::string text;
+    for (std::size_t r = 0; r < cpus.size(); ++r) {
+      text += (r == 0 ? "" : ", ") + std::to_string(r) + ":" + std::to_string(cpus[r]);
+    }
+    std::cerr << "arbiter launch: ranks pinned to CPUs (rank:cpu) " << text << "\n";
+  }
   if (port == 0) port = free_port();
-  return Launcher(nproc, std::move(program), timeout, grace, port).run();
+  return Launcher(nproc, std::move(program), timeout, grace, port, std::move(cpus)).run();
 }
 
 }  // namespace arbiter::cli

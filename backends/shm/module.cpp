@@ -82,11 +82,11 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
   // Any number of tokens streams through the slots; one token must fit.
   const std::uint64_t row_bytes = std::uint64_t{a.hidden} * element;
   if (row_bytes > workspace.slot_bytes()) {
-    return {ARBITER_UNSUPPORTED,
-            "shm run: one token of hidden " + std::to_string(a.hidden) + " is " +
-                std::to_string(row_bytes) + " bytes, more than the workspace's slot of " +
-                std::to_string(workspace.slot_bytes()) +
-                " bytes (create the workspace with this hidden size)"};
+    return {ARBITER_UNSUPPORTED, "shm run: one token of hidden " + std::to_string(a.hidden) +
+                                     " is " + std::to_string(row_bytes) +
+                                     " bytes, more than the workspace's slot of " +
+                                     std::to_string(workspace.slot_bytes()) +
+                                     " bytes (create the workspace with this hidden size)"};
   }
   if (a.tokens == 0) {
     empty = true;

@@ -73,13 +73,12 @@ inline std::size_t oneshot_chunk_tokens(std::size_t row_bytes) {
 // a chunk holds more than half of kOneshotChunkBytes, or one whole row
 // longer than that.
 inline std::size_t oneshot_max_chunks(std::uint64_t slot_bytes) {
-  return static_cast<std::size_t>((2 * slot_bytes + kOneshotChunkBytes - 1) /
-                                  kOneshotChunkBytes);
+  return static_cast<std::size_t>((2 * slot_bytes + kOneshotChunkBytes - 1) / kOneshotChunkBytes);
 }
 
 struct Layout {
-  std::uint64_t slot_bytes = 0;   // what a slot holds
-  std::size_t slot_stride = 0;    // slot_bytes rounded up to a line
+  std::uint64_t slot_bytes = 0;    // what a slot holds
+  std::size_t slot_stride = 0;     // slot_bytes rounded up to a line
   std::size_t oneshot_chunks = 0;  // sequence lines per (parity, rank)
   std::size_t flags = 0;           // offsets from the start of the mapping
   std::size_t oneshot_sequences = 0;

@@ -160,8 +160,7 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
                   std::to_string(first.world_size) + " vs " + std::to_string(other.world_size) +
                   ", dtype " + dtype_name(first.dtype) + " vs " + dtype_name(other.dtype) +
                   ", slot bytes " + std::to_string(first.slot_bytes) + " vs " +
-                  std::to_string(other.slot_bytes) +
-                  ": max_message_bytes and hidden must agree)"};
+                  std::to_string(other.slot_bytes) + ": max_message_bytes and hidden must agree)"};
     }
     if (std::strncmp(other.host, first.host, kNameBytes) != 0) {
       return {ARBITER_UNAVAILABLE, "shm needs every rank on one host: rank 0 runs on " +
@@ -281,10 +280,9 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   const std::uint64_t slot_bytes = hello.slot_bytes;
   const std::optional<Layout> maybe_layout = compute_layout(spec.world_size, slot_bytes);
   if (!maybe_layout) {
-    return {ARBITER_INVALID_ARGUMENT, "shm workspace creation: a slot of " +
-                                          std::to_string(slot_bytes) +
-                                          " bytes (one token of hidden " +
-                                          std::to_string(spec.hidden) + ") is too large"};
+    return {ARBITER_INVALID_ARGUMENT,
+            "shm workspace creation: a slot of " + std::to_string(slot_bytes) +
+                " bytes (one token of hidden " + std::to_string(spec.hidden) + ") is too large"};
   }
   const Layout layout = *maybe_layout;
 

@@ -259,7 +259,8 @@ std::string sweep(int rank, const arbiter_oob& oob, const std::vector<Shape>& sh
     for (const Shape& shape : shapes) {
       for (std::uint32_t tokens : shape.tokens) {
         largest = std::max<std::uint64_t>(
-            largest, std::uint64_t{workspace_tokens != 0 ? workspace_tokens : tokens} * shape.hidden);
+            largest,
+            std::uint64_t{workspace_tokens != 0 ? workspace_tokens : tokens} * shape.hidden);
       }
     }
     const arbiter_workspace_spec spec = make_spec(oob, dtype, largest * dtype_size(dtype));

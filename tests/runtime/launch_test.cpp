@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE tools_launch
 #include <boost/test/unit_test.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -194,6 +195,41 @@ BOOST_AUTO_TEST_CASE(a_program_that_cannot_start_is_named) {
              run.result.output);
 }
 
+// Pinning: each rank runs on the CPU it was given, from the flag or the
+// variable (the flag wins); without either, ranks may run anywhere.
+BOOST_AUTO_TEST_CASE(cpu_affinity_pins_each_rank_to_one_cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  BOOST_REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> allowed;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+  }
+  const std::string script = "grep Cpus_allowed_list /proc/self/status";
+  const Run spread = launch_sh("--nproc 3 --cpu-affinity spread", script);
+  BOOST_TEST(spread.result.exit_code == 0, spread.result.output);
+  for (int r = 0; r < 3; ++r) {
+    const std::string cpu = std::to_string(allowed[static_cast<std::size_t>(r) % allowed.size()]);
+    BOOST_TEST(contains(spread.result.output,
+                        "[rank " + std::to_string(r) + "] Cpus_allowed_list:\t" + cpu + "\n"),
+               spread.result.output);
+  }
+  const std::string last = std::to_string(allowed.back());
+  const Run from_env = launch_sh("--nproc 2", script, "ARBITER_CPU_AFFINITY=" + last);
+  BOOST_TEST(from_env.result.exit_code == 0, from_env.result.output);
+  for (int r = 0; r < 2; ++r) {
+    BOOST_TEST(contains(from_env.result.output,
+                        "[rank " + std::to_string(r) + "] Cpus_allowed_list:\t" + last + "\n"),
+               from_env.result.output);
+  }
+  if (allowed.size() > 1) {  // the flag wins, and `none` pins nothing
+    const Run none =
+        launch_sh("--nproc 1 --cpu-affinity none", script, "ARBITER_CPU_AFFINITY=" + last);
+    BOOST_TEST(!contains(none.result.output, "Cpus_allowed_list:\t" + last + "\n"),
+               none.result.output);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(usage)
@@ -213,6 +249,11 @@ BOOST_AUTO_TEST_CASE(bad_command_lines_exit_2_with_the_reason) {
       {"--nproc 2 --grace x -- true", "--grace 'x' is not a number of seconds >= 0"},
       {"--nproc 2 --bogus -- true", "unrecognised option '--bogus'"},
       {"--nproc 2 true --flag", "put the program and its arguments after `--`"},
+      {"--nproc 2 --cpu-affinity 1-0 -- true",
+       "--cpu-affinity '1-0': '1-0' is not a CPU or a range of CPUs"},
+      {"--nproc 2 --cpu-affinity 0,,1 -- true", "'' is not a CPU or a range of CPUs"},
+      {"--nproc 2 --cpu-affinity 1000 -- true",
+       "--cpu-affinity '1000': CPU 1000 is not one this process may run on (allowed: "},
   };
   for (const auto& [args, message] : cases) {
     const Run run = launch(args);

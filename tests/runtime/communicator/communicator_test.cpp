@@ -72,9 +72,9 @@ BOOST_AUTO_TEST_CASE(run_on_forces_a_backend_and_refuses_alike_on_every_rank) {
              r.output);
   BOOST_TEST(contains(r.output, "fused above the cap: shm twoshot fused: ok"), r.output);
   // shm streams a call larger than its workspace instead of refusing it.
-  BOOST_TEST(contains(r.output,
-                      "fused above a default workspace (streamed): shm oneshot fused: ok"),
-             r.output);
+  BOOST_TEST(
+      contains(r.output, "fused above a default workspace (streamed): shm oneshot fused: ok"),
+      r.output);
   BOOST_TEST(
       contains(r.output, "unfused above a default workspace (slices): shm native unfused: ok"),
       r.output);
