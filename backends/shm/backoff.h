@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 
 #include "futex.h"
 
@@ -75,8 +76,10 @@ class Backoff {
 
  private:
   enum class Phase { kSpin, kYield, kNap };
-  static constexpr auto kSpinFor = std::chrono::microseconds(20);
-  static constexpr auto kYieldFor = std::chrono::milliseconds(1);
+  static inline const std::chrono::microseconds kSpinFor{
+      std::getenv("XSPIN") ? std::atoi(std::getenv("XSPIN")) : 20};
+  static inline const std::chrono::microseconds kYieldFor{
+      std::getenv("XYIELD") ? std::atoi(std::getenv("XYIELD")) : 1000};
 
   static void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

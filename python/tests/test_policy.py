@@ -32,9 +32,9 @@ DEFAULT_FUSION_CAPS = {
     (107, 2): 64 * MiB,
     (107, 4): 64 * MiB,
     (107, 8): 2 * MiB,
-    ("cpu", 2): 4 * MiB,
-    ("cpu", 4): 4 * MiB,
-    ("cpu", 8): 4 * MiB,
+    ("cpu", 2): 64 * MiB,
+    ("cpu", 4): 64 * MiB,
+    ("cpu", 8): 64 * MiB,
 }
 
 NVL72 = dict(capability="10.3", world_size=16, nodes=4, nvlink_domain=True, multicast=True)

@@ -147,18 +147,18 @@ BOOST_AUTO_TEST_CASE(cpu_ranks_get_host_backends_only) {
       Request r;
       r.capability = Capability::cpu();
       r.world_size = ws;
-      r.message_bytes = 4 * kMiB;
+      r.message_bytes = 64 * kMiB;  // the cap, inclusive
       Decision d = defaults().decide(r);
       BOOST_TEST(d.backend == Backend::kShm);
       BOOST_TEST(d.fused);
-      BOOST_TEST(d.cap == 4 * kMiB);
+      BOOST_TEST(d.cap == 64 * kMiB);
       BOOST_TEST(d.algorithm == Algorithm::kTwoshot);
       // One-shot while bytes x world size <= 256 KiB.
       r.message_bytes = 256 * kKiB / ws;
       BOOST_TEST(defaults().decide(r).algorithm == Algorithm::kOneshot);
       r.message_bytes = 256 * kKiB / ws + 1;
       BOOST_TEST(defaults().decide(r).algorithm == Algorithm::kTwoshot);
-      r.message_bytes = 4 * kMiB + 1;
+      r.message_bytes = 64 * kMiB + 1;
       d = defaults().decide(r);
       BOOST_TEST(d.backend == Backend::kShm);
       BOOST_TEST(!d.fused);

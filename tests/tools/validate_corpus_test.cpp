@@ -133,6 +133,7 @@ const std::vector<std::string> kGoodFiles = {
     "max_off.yaml",
     "capability_spellings.yaml",
     "backend_rules.yaml",
+    "cpu_cap_4mib.yaml",
 };
 
 std::string lower(std::string s) {

@@ -169,7 +169,8 @@ int main(int argc, char** argv) try {
          {arbiter::Dtype::kBf16, arbiter::Dtype::kFp16, arbiter::Dtype::kFp32}) {
       arbiter::Communicator comm(*boot.oob(), policy, registry, cpu_options(1000, 7168, dtype));
       const auto adt = static_cast<arbiter_dtype>(dtype);
-      // The default cpu row: fused up to 4 MiB, one-shot while bytes x ranks
+      // The tests' cpu rows (cpu_cap_4mib.yaml over the defaults): fused up
+      // to 4 MiB; the defaults' shm one-shot while bytes x ranks
       // <= 256 KiB. 1 token of 2880 (bf16 5.6 KiB): one-shot at 2..8 ranks;
       // 13 and 36 tokens of 7168 (182 and 504 KiB): two-shot; 1000 tokens of
       // 7168 (14 MiB): above the cap, unfused.
@@ -205,7 +206,7 @@ int main(int argc, char** argv) try {
     using arbiter::Algorithm;
     using arbiter::Backend;
     // Declared largest call: 2 tokens, so without fused_workspace_bytes the
-    // shm workspace holds only the 4 MiB fused cap of the cpu row.
+    // shm workspace holds only the 4 MiB fused cap of the tests' cpu row.
     arbiter::CommunicatorOptions sized = cpu_options(2, 4096, arbiter::Dtype::kBf16);
     sized.fused_workspace_bytes = 6 * 1024 * 1024;
     arbiter::Communicator plain(*boot.oob(), policy, registry,
