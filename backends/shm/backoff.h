@@ -6,6 +6,11 @@
 // timer slack. CI runs 8 ranks on 2 cores, so a rank that only spins keeps
 // the rank it waits for off the CPU.
 //
+// A peer last seen on this rank's own CPU cannot make progress while this
+// rank spins: such a wait skips the spin and yields at once. That is the
+// common case on a busy or oversubscribed host, where the scheduler often
+// puts two ranks on one core (and the spin would cost every call 20 us).
+//
 // Every wait has a deadline and also stops when any rank has declared the
 // workspace failed (a word in the shared mapping), so one stuck rank makes
 // the others return instead of waiting out their own timeouts.
@@ -16,10 +21,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "futex.h"
+#include "shared_layout.h"
 
 namespace arbiter::shm {
 
@@ -31,13 +37,23 @@ class Backoff {
 
   // `failed_rank` is the shared word holding (rank + 1) of a rank that gave
   // up, or 0; `sleepers` counts the ranks asleep on a futex (futex.h).
-  Backoff(Clock::time_point deadline, std::uint32_t* failed_rank, std::uint32_t* sleepers)
-      : deadline_(deadline), failed_rank_(failed_rank), sleepers_(sleepers) {}
+  // `cpus` (optional) holds one word per rank, kLine apart: (CPU + 1) of
+  // where that rank last started a call, or 0; `my_cpu` is ours, likewise.
+  Backoff(Clock::time_point deadline, std::uint32_t* failed_rank, std::uint32_t* sleepers,
+          const std::byte* cpus = nullptr, std::uint32_t my_cpu = 0)
+      : deadline_(deadline),
+        failed_rank_(failed_rank),
+        sleepers_(sleepers),
+        cpus_(cpus),
+        my_cpu_(my_cpu) {}
 
   // Call after each poll that found nothing new. Long waits sleep until
   // *word != still (the peer's publish wakes them), at most a millisecond at
-  // a time; without a word, they nap.
-  WaitState pause(std::uint32_t* word = nullptr, std::uint32_t still = 0) {
+  // a time; without a word, they nap. `awaited` is the rank waited for
+  // (-1: unknown).
+  WaitState pause(std::uint32_t* word = nullptr, std::uint32_t still = 0,
+                  std::int32_t awaited = -1) {
+    if (polls_ == 0 && phase_ == Phase::kSpin && shares_my_cpu(awaited)) phase_ = Phase::kYield;
     if (phase_ == Phase::kSpin) {
       cpu_relax();
       // The clock, the failure word and the deadline every 64 polls only.
@@ -76,10 +92,15 @@ class Backoff {
 
  private:
   enum class Phase { kSpin, kYield, kNap };
-  static inline const std::chrono::microseconds kSpinFor{
-      std::getenv("XSPIN") ? std::atoi(std::getenv("XSPIN")) : 20};
-  static inline const std::chrono::microseconds kYieldFor{
-      std::getenv("XYIELD") ? std::atoi(std::getenv("XYIELD")) : 1000};
+  static constexpr auto kSpinFor = std::chrono::microseconds(20);
+  static constexpr auto kYieldFor = std::chrono::milliseconds(1);
+
+  bool shares_my_cpu(std::int32_t rank) const {
+    if (cpus_ == nullptr || my_cpu_ == 0 || rank < 0) return false;
+    const auto* word =
+        reinterpret_cast<const std::uint32_t*>(cpus_ + static_cast<std::size_t>(rank) * kLine);
+    return std::atomic_ref<const std::uint32_t>(*word).load(std::memory_order_relaxed) == my_cpu_;
+  }
 
   static void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -92,6 +113,8 @@ class Backoff {
   Clock::time_point deadline_;
   std::uint32_t* failed_rank_;
   std::uint32_t* sleepers_;
+  const std::byte* cpus_;
+  std::uint32_t my_cpu_;
   std::uint32_t polls_ = 0;
   Phase phase_ = Phase::kSpin;
   bool started_ = false;

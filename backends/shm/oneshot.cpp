@@ -69,7 +69,7 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
       std::uint32_t* line = workspace.oneshot_sequence(parity, q, chunk);
       for (std::uint32_t seen; (seen = std::atomic_ref<std::uint32_t>(*line).load(
                                     std::memory_order_acquire)) != published;) {
-        const WaitState state = backoff.pause(line, seen);
+        const WaitState state = backoff.pause(line, seen, q);
         if (state != WaitState::kKeepWaiting) {
           return workspace.wait_failed(
               state, "rank " + std::to_string(q) + "'s one-shot data (chunk " +

@@ -1,6 +1,8 @@
 // The layout of the shared-memory object every rank maps.
 //
 //   [header 4 KiB][barrier flags: one 64-byte line per rank, padded to 4 KiB]
+//   [CPUs: one 64-byte line per rank, padded to 4 KiB: (CPU + 1) where the
+//    rank last started a call, for waits (backoff.h)]
 //   [one-shot sequence lines: 2 parities x world_size x chunk lines, 64 bytes
 //    each, padded to 4 KiB]
 //   [one-shot: 2 parities x world_size slots][two-shot inputs: world_size slots]
@@ -23,7 +25,7 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 4;
+inline constexpr std::uint32_t kLayoutVersion = 5;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
@@ -81,6 +83,7 @@ struct Layout {
   std::size_t slot_stride = 0;     // slot_bytes rounded up to a line
   std::size_t oneshot_chunks = 0;  // sequence lines per (parity, rank)
   std::size_t flags = 0;           // offsets from the start of the mapping
+  std::size_t cpus = 0;
   std::size_t oneshot_sequences = 0;
   std::size_t oneshot = 0;
   std::size_t twoshot_inputs = 0;
@@ -102,7 +105,8 @@ inline std::optional<Layout> compute_layout(std::int32_t world_size, std::uint64
   layout.slot_stride = round_up(slot_bytes, kLine);
   layout.oneshot_chunks = oneshot_max_chunks(slot_bytes);
   layout.flags = kPage;
-  layout.oneshot_sequences = layout.flags + round_up(ranks * kLine, kPage);
+  layout.cpus = layout.flags + round_up(ranks * kLine, kPage);
+  layout.oneshot_sequences = layout.cpus + round_up(ranks * kLine, kPage);
   layout.oneshot =
       layout.oneshot_sequences + round_up(2 * ranks * layout.oneshot_chunks * kLine, kPage);
   layout.twoshot_inputs = layout.oneshot + 2 * ranks * layout.slot_stride;

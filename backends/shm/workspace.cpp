@@ -1,5 +1,6 @@
 #include "workspace.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -46,8 +47,16 @@ std::byte* Workspace::twoshot_input(std::int32_t rank) {
 std::byte* Workspace::sums() { return static_cast<std::byte*>(base_) + layout_.sums; }
 
 Backoff Workspace::start_call() {
+  // Where this rank runs now, for peers deciding whether to spin (backoff.h);
+  // the line is written only when the rank has moved.
+  const int cpu = sched_getcpu();
+  const std::uint32_t mine = cpu >= 0 ? static_cast<std::uint32_t>(cpu) + 1 : 0;
+  auto* cpus = static_cast<std::byte*>(base_) + layout_.cpus;
+  std::atomic_ref<std::uint32_t> word(
+      *reinterpret_cast<std::uint32_t*>(cpus + static_cast<std::size_t>(rank_) * kLine));
+  if (word.load(std::memory_order_relaxed) != mine) word.store(mine, std::memory_order_relaxed);
   return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_),
-                 &header().failed_rank, &header().sleepers);
+                 &header().failed_rank, &header().sleepers, cpus, mine);
 }
 
 Status Workspace::barrier(Backoff& backoff, const char* what) {
@@ -65,7 +74,7 @@ Status Workspace::barrier(Backoff& backoff, const char* what) {
     if (peer == rank_) continue;
     std::atomic_ref<std::uint32_t> flag(*flag_word(peer));
     while (flag.load(std::memory_order_acquire) == not_arrived) {
-      const WaitState state = backoff.pause(flag_word(peer), not_arrived);
+      const WaitState state = backoff.pause(flag_word(peer), not_arrived, peer);
       if (state != WaitState::kKeepWaiting) {
         return wait_failed(
             state, std::string(what) + " (rank " + std::to_string(peer) + " has not arrived)");
