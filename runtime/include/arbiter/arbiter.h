@@ -97,11 +97,12 @@ int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy
  * ARBITER_BOOTSTRAP_TIMEOUT as `arbiter launch` sets them), then
  * arbiter_comm_create over that group. The group is joined once per
  * process and shared by every communicator created this way (it stays until
- * the process exits); a later call whose environment names another rank or
- * address fails with ARBITER_INVALID_ARGUMENT. A GPU
- * rank (capability != 0) with options->device < 0 uses LOCAL_RANK. The
- * join waits up to options->timeout_ms (0: 60 s) unless
- * ARBITER_BOOTSTRAP_TIMEOUT says otherwise. */
+ * the process exits), so create and destroy those from one thread at a
+ * time; a later call whose environment names another rank or address fails
+ * with ARBITER_INVALID_ARGUMENT. A GPU rank (capability != 0) with
+ * options->device < 0 uses LOCAL_RANK. The join waits up to
+ * options->timeout_ms (0: 60 s) unless ARBITER_BOOTSTRAP_TIMEOUT says
+ * otherwise. */
 int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
                                              const arbiter_comm_options* options,
                                              arbiter_comm** out);
