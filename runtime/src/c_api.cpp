@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "arbiter/bootstrap.h"
 #include "arbiter/communicator.h"
@@ -47,9 +48,22 @@ int32_t guarded(Fn&& fn) noexcept {
   }
 }
 
+// The value a C caller stored in an enum field: C allows any int there, and
+// reading it as the C++ enum is undefined outside the enumerators' range
+// (UBSan's enum check), so the bytes are read as the underlying integer.
+template <class Enum>
+std::int64_t raw_enum(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof value);
+  return static_cast<std::int64_t>(value);
+}
+
 bool to_request(const arbiter_request* in, arbiter::Request& r) {
   using namespace arbiter;
-  if (in->dtype > ARBITER_DTYPE_FP32 || in->pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+  const std::int64_t dtype = raw_enum(in->dtype);
+  const std::int64_t pattern = raw_enum(in->pattern);
+  if (dtype < ARBITER_DTYPE_FP16 || dtype > ARBITER_DTYPE_FP32 ||
+      pattern < ARBITER_PATTERN_ALLREDUCE || pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
     g_last_error = "unknown dtype or pattern value";
     return false;
   }
@@ -187,8 +201,9 @@ arbiter::CommunicatorOptions to_options(const arbiter_comm_options& in) {
 }
 
 bool valid_options(const arbiter_comm_options& in) {
-  if (in.dtype > ARBITER_DTYPE_FP32) {
-    g_last_error = "options: unknown dtype " + std::to_string(in.dtype);
+  const std::int64_t dtype = raw_enum(in.dtype);
+  if (dtype < ARBITER_DTYPE_FP16 || dtype > ARBITER_DTYPE_FP32) {
+    g_last_error = "options: unknown dtype " + std::to_string(dtype);
     return false;
   }
   if (in.capability != 0 && (in.capability < arbiter::Capability::kMinSm ||
