@@ -24,8 +24,10 @@ constexpr const char* kTuneUsage =
     "\n"
     "Derives, per (capability, world size, nodes, pattern, dtype) measured, the fusion cap\n"
     "(the largest measured size up to which the best fused option is at most PCT% slower\n"
-    "than the best unfused one at every measured size) and the one-shot cap of\n"
-    "single-node trtllm (one-shot against two-shot, by the same rule); prints them with\n"
+    "than the best unfused one at every measured size), the one-shot cap of\n"
+    "single-node trtllm (one-shot against two-shot, by the same rule) and the one-shot\n"
+    "threshold of shm and mnnvl (oneshot_max_total: the smallest one-shot split x world\n"
+    "size over the groups measured); prints them with\n"
     "the regret of the current tables and of the tuned ones (how much slower the option\n"
     "the tables choose is than the best measured one), and writes a site table holding\n"
     "the new caps. Caps are always measured sizes.\n"
@@ -124,6 +126,16 @@ void report_group(std::ostream& out, const Group& g, double margin, const Policy
   const Cap oneshot = oneshot_cap(g, margin);
   if (g.key.nodes == 1 || oneshot.kind != Cap::Kind::kNone) {
     out << "  one-shot cap: " << oneshot.text() << "\n";
+  }
+  for (const char* backend : kThresholdBackends) {
+    const Cap split = split_cap(g, backend, margin);
+    if (split.kind == Cap::Kind::kNone) continue;
+    out << "  " << backend << " one-shot split: " << split.text();
+    if (split.kind == Cap::Kind::kBytes) {
+      out << "; x " << g.key.world_size << " = "
+          << format_size(split.bytes * g.key.world_size);
+    }
+    out << "\n";
   }
 
   const Regret now = regret(current, g, topology);
@@ -234,7 +246,9 @@ int cmd_tune(const Args& args) {
   const std::string counts = std::to_string(overlay.fusion.size()) + " fusion cell" +
                              (overlay.fusion.size() == 1 ? "" : "s") + ", " +
                              std::to_string(overlay.oneshot.size()) + " one-shot cell" +
-                             (overlay.oneshot.size() == 1 ? "" : "s");
+                             (overlay.oneshot.size() == 1 ? "" : "s") + ", " +
+                             std::to_string(overlay.thresholds.size()) + " one-shot threshold" +
+                             (overlay.thresholds.size() == 1 ? "" : "s");
   if (output.empty()) {
     std::cout << overlay.yaml;
     out << "overlay: " << counts << " (on stdout)\n";

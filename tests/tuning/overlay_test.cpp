@@ -245,3 +245,60 @@ BOOST_AUTO_TEST_CASE(free_text_from_the_results_is_escaped) {
   const std::vector<Diagnostic> d = validate_text(o.yaml);
   BOOST_TEST(d.empty(), text_of(d) << o.yaml);
 }
+
+// shm (and mnnvl) take one one-shot threshold for every world size,
+// bytes x world size: the smallest split x world size over the groups, so
+// one-shot runs only where every group measured it winning.
+BOOST_AUTO_TEST_CASE(threshold_backends_get_the_smallest_split_times_world_size) {
+  const auto data = parse_csv(std::string(kHeader) +
+                              // ws 2: one-shot wins to 128 KiB, loses at 256 KiB -> 256 KiB
+                              "cpu,2,1,bf16,1024,32,65536,residual_rmsnorm,shm,oneshot,1,10\n"
+                              "cpu,2,1,bf16,1024,32,65536,residual_rmsnorm,shm,twoshot,1,12\n"
+                              "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,20\n"
+                              "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,twoshot,1,21\n"
+                              "cpu,2,1,bf16,1024,128,262144,residual_rmsnorm,shm,oneshot,1,50\n"
+                              "cpu,2,1,bf16,1024,128,262144,residual_rmsnorm,shm,twoshot,1,40\n"
+                              // ws 4: wins at 32 KiB, loses at 64 KiB -> 128 KiB
+                              "cpu,4,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,10\n"
+                              "cpu,4,1,bf16,1024,16,32768,residual_rmsnorm,shm,twoshot,1,15\n"
+                              "cpu,4,1,bf16,1024,32,65536,residual_rmsnorm,shm,oneshot,1,30\n"
+                              "cpu,4,1,bf16,1024,32,65536,residual_rmsnorm,shm,twoshot,1,20\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.thresholds.size() == 1u);
+  BOOST_TEST(o.thresholds[0].backend == "shm");
+  BOOST_TEST(o.thresholds[0].bytes == 128 * kKiB);
+  BOOST_TEST(contains(o.thresholds[0].comment, "world size 2, 1 node, residual_rmsnorm, bf16: "
+                                               "one-shot split 128 KiB"));
+  BOOST_TEST(contains(o.thresholds[0].comment, "-> x 4 = 128 KiB"));
+  BOOST_TEST(contains(o.yaml, "backends:\n  shm:\n"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "    oneshot_max_total: 128KiB\n"), o.yaml);
+  BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
+  const Policy tuned = tables_with(o.yaml);
+  auto algorithm = [&](std::uint32_t ws, std::uint64_t bytes) {
+    Request r;
+    r.capability = Capability::cpu();
+    r.world_size = ws;
+    r.message_bytes = bytes;
+    return tuned.decide(r).algorithm;
+  };
+  BOOST_TEST((algorithm(4, 32 * kKiB) == Algorithm::kOneshot));
+  BOOST_TEST((algorithm(4, 64 * kKiB) == Algorithm::kTwoshot));
+  BOOST_TEST((algorithm(2, 64 * kKiB) == Algorithm::kOneshot));
+  // Measured winning at 2 ranks, but one threshold serves every world size.
+  BOOST_TEST((algorithm(2, 128 * kKiB) == Algorithm::kTwoshot));
+}
+
+BOOST_AUTO_TEST_CASE(one_shot_losing_from_the_smallest_size_writes_no_threshold) {
+  const auto data = parse_csv(std::string(kHeader) +
+                              "cpu,4,1,bf16,1024,16,32768,allreduce,shm,oneshot,1,20\n"
+                              "cpu,4,1,bf16,1024,16,32768,allreduce,shm,twoshot,1,15\n"
+                              "cpu,4,1,bf16,1024,32,65536,allreduce,shm,oneshot,1,30\n"
+                              "cpu,4,1,bf16,1024,32,65536,allreduce,shm,twoshot,1,20\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST(!contains(o.yaml, "\nbackends:"), o.yaml);
+  BOOST_TEST(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return contains(n, "shm: no oneshot_max_total: capability cpu, world size 4") &&
+           contains(n, "two-shot won from the smallest compared size");
+  }));
+}

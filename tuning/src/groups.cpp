@@ -232,17 +232,16 @@ Cap fusion_cap(const Group& group, double margin_pct) {
   return cap;
 }
 
-Cap oneshot_cap(const Group& group, double margin_pct) {
+namespace {
+
+// `backend`'s fused one-shot against its fused two-shot.
+Cap one_against_two(const Group& group, const std::string& backend, double margin_pct) {
   Cap none;
   none.preferred = "one-shot";
-  if (group.key.nodes != 1) {
-    none.why = "the one-shot table is for single-node trtllm only";
-    return none;
-  }
-  const Curve* one = group.curve(Option{"trtllm", "oneshot", true});
-  const Curve* two = group.curve(Option{"trtllm", "twoshot", true});
+  const Curve* one = group.curve(Option{backend, "oneshot", true});
+  const Curve* two = group.curve(Option{backend, "twoshot", true});
   if (!one || !two) {
-    none.why = "trtllm one-shot and two-shot were not both measured";
+    none.why = backend + " one-shot and two-shot were not both measured";
     return none;
   }
   auto at = [](const Curve* c) {
@@ -254,8 +253,24 @@ Cap oneshot_cap(const Group& group, double margin_pct) {
   };
   Cap cap = derive(group, margin_pct, "one-shot", at(one), at(two));
   if (cap.compared.empty())
-    cap.why = "trtllm one-shot and two-shot were never measured at one size";
+    cap.why = backend + " one-shot and two-shot were never measured at one size";
   return cap;
+}
+
+}  // namespace
+
+Cap oneshot_cap(const Group& group, double margin_pct) {
+  if (group.key.nodes != 1) {
+    Cap none;
+    none.preferred = "one-shot";
+    none.why = "the one-shot table is for single-node trtllm only";
+    return none;
+  }
+  return one_against_two(group, "trtllm", margin_pct);
+}
+
+Cap split_cap(const Group& group, const std::string& backend, double margin_pct) {
+  return one_against_two(group, backend, margin_pct);
 }
 
 }  // namespace arbiter::tuning

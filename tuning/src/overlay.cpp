@@ -202,6 +202,39 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     overlay.oneshot.push_back(std::move(cell));
   }
 
+  for (const char* backend : kThresholdBackends) {
+    std::vector<std::pair<const Group*, Cap>> splits;
+    for (const Group& g : groups) {
+      Cap cap = split_cap(g, backend, options.margin_pct);
+      if (cap.kind != Cap::Kind::kNone) splits.emplace_back(&g, std::move(cap));
+    }
+    if (splits.empty()) continue;
+    OverlayThreshold t;
+    t.backend = backend;
+    t.comment = "one-shot while bytes x world size <= this: the smallest split x world size "
+                "over the groups measured";
+    const Group* off = nullptr;
+    for (const auto& [g, cap] : splits) {
+      t.comment += "\n" + g->key.to_string() + ": one-shot split " + cap.text();
+      if (cap.kind == Cap::Kind::kOff) {
+        off = g;
+        continue;
+      }
+      const std::uint64_t total = cap.bytes * g->key.world_size;
+      t.comment += " -> x " + std::to_string(g->key.world_size) + " = " + format_size(total);
+      if (t.bytes == 0 || total < t.bytes) t.bytes = total;
+    }
+    if (off != nullptr || t.bytes == 0) {
+      overlay.notes.push_back(std::string(backend) + ": no oneshot_max_total: " +
+                              (off ? off->key.to_string() + ": two-shot won from the smallest "
+                                                            "compared size"
+                                   : std::string("nothing compared")) +
+                              " (a threshold cannot say off)");
+      continue;
+    }
+    overlay.thresholds.push_back(std::move(t));
+  }
+
   // The file.
   std::string& y = overlay.yaml;
   const std::string margin = number_text(options.margin_pct) + "%";
@@ -213,6 +246,8 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "# it and at every smaller measured size the best fused option (fusion) or trtllm\n";
   y += "# one-shot (oneshot) was at most " + margin +
        " slower than the best unfused option (two-shot).\n";
+  y += "# A backend's oneshot_max_total is the smallest one-shot split x world size over\n";
+  y += "# the groups that measured its one-shot and two-shot.\n";
   y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";
   y += "# alone, and by nodes when the job spans several. The tables are not keyed by\n";
   y += "# dtype: each cell says which dtype was measured.\n";
@@ -264,6 +299,14 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     for (const OverlayCell& c : overlay.oneshot) {
       write_comment(y, "    ", c.comment);
       y += "    - " + cell_line(c) + "\n";
+    }
+  }
+  if (!overlay.thresholds.empty()) {
+    y += "\nbackends:\n";
+    for (const OverlayThreshold& t : overlay.thresholds) {
+      y += "  " + t.backend + ":\n";
+      write_comment(y, "    ", t.comment);
+      y += "    oneshot_max_total: " + size_cell(t.bytes) + "\n";
     }
   }
   if (!overlay.notes.empty()) {

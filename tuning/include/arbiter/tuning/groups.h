@@ -131,4 +131,13 @@ Cap fusion_cap(const Group& group, double margin_pct);
 // kNone for multi-node groups and groups without both algorithms measured.
 Cap oneshot_cap(const Group& group, double margin_pct);
 
+// The one-shot split of `backend` (one whose tables say `algorithm:
+// threshold`: shm, mnnvl): its fused one-shot against its fused two-shot, by
+// the same rule. kNone when the group lacks either. The tables' threshold is
+// bytes x world size, so a group's split is cap.bytes x world size.
+Cap split_cap(const Group& group, const std::string& backend, double margin_pct);
+
+// The backends whose one-shot split split_cap() derives.
+inline constexpr const char* kThresholdBackends[] = {"shm", "mnnvl"};
+
 }  // namespace arbiter::tuning

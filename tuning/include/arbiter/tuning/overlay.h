@@ -14,6 +14,13 @@
 // written for the same cell is lowered to it (above the fusion cap nothing
 // is fused). A one-shot split that is `off` (two-shot won from the smallest
 // size) writes no cell: a one-shot cell cannot say `off`.
+//
+// Backends with `algorithm: threshold` (shm, mnnvl) take one threshold for
+// every world size: `backends.<name>.oneshot_max_total`, one-shot while
+// bytes x world size <= it. Each group measuring both algorithms gives its
+// split x world size; the smallest is written, so one-shot runs only where
+// every group measured it winning. A group where one-shot lost from the
+// smallest size writes none (the note says so).
 #pragma once
 
 #include <cstdint>
@@ -43,9 +50,17 @@ struct OverlayCell {
   std::string comment;  // without the leading '#'
 };
 
+// backends.<backend>.oneshot_max_total.
+struct OverlayThreshold {
+  std::string backend;
+  std::uint64_t bytes = 0;
+  std::string comment;  // without the leading '#'
+};
+
 struct Overlay {
   std::vector<OverlayCell> fusion;
   std::vector<OverlayCell> oneshot;
+  std::vector<OverlayThreshold> thresholds;
   // What a reader of the report should know: dtypes that disagreed, caps
   // lowered, scopes left without a cell and why.
   std::vector<std::string> notes;
