@@ -132,8 +132,7 @@ void report_group(std::ostream& out, const Group& g, double margin, const Policy
     if (split.kind == Cap::Kind::kNone) continue;
     out << "  " << backend << " one-shot split: " << split.text();
     if (split.kind == Cap::Kind::kBytes) {
-      out << "; x " << g.key.world_size << " = "
-          << format_size(split.bytes * g.key.world_size);
+      out << "; x " << g.key.world_size << " = " << format_size(split.bytes * g.key.world_size);
     }
     out << "\n";
   }

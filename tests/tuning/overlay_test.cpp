@@ -267,8 +267,9 @@ BOOST_AUTO_TEST_CASE(threshold_backends_get_the_smallest_split_times_world_size)
   BOOST_TEST_REQUIRE(o.thresholds.size() == 1u);
   BOOST_TEST(o.thresholds[0].backend == "shm");
   BOOST_TEST(o.thresholds[0].bytes == 128 * kKiB);
-  BOOST_TEST(contains(o.thresholds[0].comment, "world size 2, 1 node, residual_rmsnorm, bf16: "
-                                               "one-shot split 128 KiB"));
+  BOOST_TEST(contains(o.thresholds[0].comment,
+                      "world size 2, 1 node, residual_rmsnorm, bf16: "
+                      "one-shot split 128 KiB"));
   BOOST_TEST(contains(o.thresholds[0].comment, "-> x 4 = 128 KiB"));
   BOOST_TEST(contains(o.yaml, "backends:\n  shm:\n"), o.yaml);
   BOOST_TEST(contains(o.yaml, "    oneshot_max_total: 128KiB\n"), o.yaml);

@@ -211,8 +211,9 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     if (splits.empty()) continue;
     OverlayThreshold t;
     t.backend = backend;
-    t.comment = "one-shot while bytes x world size <= this: the smallest split x world size "
-                "over the groups measured";
+    t.comment =
+        "one-shot while bytes x world size <= this: the smallest split x world size "
+        "over the groups measured";
     const Group* off = nullptr;
     for (const auto& [g, cap] : splits) {
       t.comment += "\n" + g->key.to_string() + ": one-shot split " + cap.text();
