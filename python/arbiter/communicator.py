@@ -41,7 +41,6 @@ _REQUIRED = {
 }
 _ELEMENTS = {Dtype.FP16: ("fp16",), Dtype.BF16: ("bf16", "u16"), Dtype.FP32: ("fp32",)}
 _NUMPY_TYPES = {Dtype.FP16: "float16", Dtype.BF16: "uint16", Dtype.FP32: "float32"}
-_BACKENDS = ("trtllm", "mnnvl", "nccl", "shm")
 _BYTES = ("u8", "fp8", "i8")  # quantised outputs
 
 
@@ -203,7 +202,9 @@ class Communicator:
         self.rank = int(info.rank)
         self.world_size = int(info.world_size)
         self.device = int(info.device)
-        self._backends = [n for i, n in enumerate(_BACKENDS) if (info.backend_mask >> i) & 1]
+        self._backends = [
+            lib.arbiter_backend_name(i).decode() for i in range(32) if (info.backend_mask >> i) & 1
+        ]
         self._fingerprint = int(info.fingerprint)
 
     # --- properties -------------------------------------------------------

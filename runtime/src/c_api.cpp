@@ -5,9 +5,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <type_traits>
 
 #include "arbiter/bootstrap.h"
+#include "arbiter/common/call_checks.h"
+#include "arbiter/common/numeric.h"
 #include "arbiter/communicator.h"
 #include "arbiter/policy.h"
 #include "arbiter/registry.h"
@@ -48,31 +49,30 @@ int32_t guarded(Fn&& fn) noexcept {
   }
 }
 
-// The value a C caller stored in an enum field: C allows any int there, and
-// reading it as the C++ enum is undefined outside the enumerators' range
-// (UBSan's enum check), so the bytes are read as the underlying integer.
-template <class Enum>
-std::int64_t raw_enum(const Enum& field) {
-  std::underlying_type_t<Enum> value;
-  std::memcpy(&value, &field, sizeof value);
-  return static_cast<std::int64_t>(value);
+using arbiter::common::raw_enum;  // enum fields written by C callers, read safely
+
+// `capability` as the C API encodes it (0: CPU ranks), or false with the
+// reason (prefixed by `what`) in g_last_error.
+bool valid_capability(std::uint32_t capability, const char* what) {
+  if (capability == 0 ||
+      (capability >= arbiter::Capability::kMinSm && capability <= arbiter::Capability::kMaxSm)) {
+    return true;
+  }
+  g_last_error = std::string(what) + "capability " + std::to_string(capability) +
+                 " is not major*10+minor in 50..199 (0 for CPU ranks)";
+  return false;
 }
 
 bool to_request(const arbiter_request* in, arbiter::Request& r) {
   using namespace arbiter;
   const std::int64_t dtype = raw_enum(in->dtype);
   const std::int64_t pattern = raw_enum(in->pattern);
-  if (dtype < ARBITER_DTYPE_FP16 || dtype > ARBITER_DTYPE_FP32 ||
-      pattern < ARBITER_PATTERN_ALLREDUCE || pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
+  if (!common::is_valid_dtype(dtype) || pattern < ARBITER_PATTERN_ALLREDUCE ||
+      pattern > ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
     g_last_error = "unknown dtype or pattern value";
     return false;
   }
-  if (in->capability != 0 &&
-      (in->capability < Capability::kMinSm || in->capability > Capability::kMaxSm)) {
-    g_last_error = "capability " + std::to_string(in->capability) +
-                   " is not major*10+minor in 50..199 (0 for CPU ranks)";
-    return false;
-  }
+  if (!valid_capability(in->capability, "")) return false;
   r.capability = in->capability == 0 ? Capability::cpu()
                                      : Capability::sm(static_cast<std::uint16_t>(in->capability));
   r.world_size = in->world_size;
@@ -202,17 +202,11 @@ arbiter::CommunicatorOptions to_options(const arbiter_comm_options& in) {
 
 bool valid_options(const arbiter_comm_options& in) {
   const std::int64_t dtype = raw_enum(in.dtype);
-  if (dtype < ARBITER_DTYPE_FP16 || dtype > ARBITER_DTYPE_FP32) {
+  if (!arbiter::common::is_valid_dtype(dtype)) {
     g_last_error = "options: unknown dtype " + std::to_string(dtype);
     return false;
   }
-  if (in.capability != 0 && (in.capability < arbiter::Capability::kMinSm ||
-                             in.capability > arbiter::Capability::kMaxSm)) {
-    g_last_error = "options: capability " + std::to_string(in.capability) +
-                   " is not major*10+minor in 50..199 (0 for CPU ranks)";
-    return false;
-  }
-  return true;
+  return valid_capability(in.capability, "options: ");
 }
 
 // The group of arbiter_comm_create_from_environment: joined by the first
