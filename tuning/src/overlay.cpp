@@ -225,12 +225,11 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       t.comment += " -> x " + std::to_string(g->key.world_size) + " = " + format_size(total);
       if (t.bytes == 0 || total < t.bytes) t.bytes = total;
     }
-    if (off != nullptr || t.bytes == 0) {
-      overlay.notes.push_back(std::string(backend) + ": no oneshot_max_total: " +
-                              (off ? off->key.to_string() + ": two-shot won from the smallest "
-                                                            "compared size"
-                                   : std::string("nothing compared")) +
-                              " (a threshold cannot say off)");
+    if (off != nullptr) {  // every other split is a measured size, never 0
+      overlay.notes.push_back(std::string(backend) +
+                              ": no oneshot_max_total: " + off->key.to_string() +
+                              ": two-shot won from the smallest compared size (a threshold "
+                              "cannot say off)");
       continue;
     }
     overlay.thresholds.push_back(std::move(t));
