@@ -31,7 +31,7 @@ from ctypes import (
     c_void_p,
 )
 
-from .errors import ArbiterError, Status
+from .errors import ArbiterError, invalid_argument
 
 # Element names: what the Communicator's dtype accepts (bf16 also as u16 bits).
 _FORMATS = {"e": "fp16", "f": "fp32", "d": "f64", "H": "u16", "B": "u8", "b": "i8"}
@@ -207,14 +207,11 @@ def _from_dlpack(obj: object, what: str, stream: int | None) -> Borrowed:
         capsule = obj.__dlpack__()
         device = -1
     else:
-        raise ArbiterError(
-            Status.INVALID_ARGUMENT,
-            f"{what}: DLPack device type {device_type} is neither host nor CUDA memory",
+        raise invalid_argument(
+            f"{what}: DLPack device type {device_type} is neither host nor CUDA memory"
         )
     if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
-        raise ArbiterError(
-            Status.INVALID_ARGUMENT, f"{what}: __dlpack__ did not return an unused 'dltensor'"
-        )
+        raise invalid_argument(f"{what}: __dlpack__ did not return an unused 'dltensor'")
     # The capsule stays unconsumed and referenced until release(); its own
     # destructor then calls the producer's deleter.
     t = _DLTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
@@ -245,11 +242,10 @@ def borrow(obj: object, what: str, stream: int | None = None) -> Borrowed:
         except ArbiterError:
             raise
         except Exception as e:
-            raise ArbiterError(
-                Status.INVALID_ARGUMENT, f"{what}: DLPack export failed: {type(e).__name__}: {e}"
+            raise invalid_argument(
+                f"{what}: DLPack export failed: {type(e).__name__}: {e}"
             ) from e
-    raise ArbiterError(
-        Status.INVALID_ARGUMENT,
+    raise invalid_argument(
         f"{what}: a {type(obj).__name__} is not an array (it offers neither the buffer "
-        "protocol nor __dlpack__)",
+        "protocol nor __dlpack__)"
     )

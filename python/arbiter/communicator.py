@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from . import _library
 from .arrays import Borrowed, borrow
-from .errors import ArbiterError, Status
+from .errors import invalid_argument as _invalid
 from .oob import PythonOob
 from .policy import Decision, Dtype, Pattern, Policy, decision_from_c, parse_capability
 from .policy import parse_dtype, parse_pattern
@@ -42,10 +42,6 @@ _REQUIRED = {
 _ELEMENTS = {Dtype.FP16: ("fp16",), Dtype.BF16: ("bf16", "u16"), Dtype.FP32: ("fp32",)}
 _NUMPY_TYPES = {Dtype.FP16: "float16", Dtype.BF16: "uint16", Dtype.FP32: "float32"}
 _BYTES = ("u8", "fp8", "i8")  # quantised outputs
-
-
-def _invalid(message: str) -> ArbiterError:
-    return ArbiterError(Status.INVALID_ARGUMENT, message)
 
 
 @dataclass(frozen=True)

@@ -33,3 +33,8 @@ class ArbiterError(Exception):
     def __repr__(self) -> str:
         name = self.status.name if isinstance(self.status, Status) else str(self.status)
         return f"ArbiterError({name}, {self.message!r})"
+
+
+def invalid_argument(message: str) -> ArbiterError:
+    """The error for a bad argument caught in Python, before the C API."""
+    return ArbiterError(Status.INVALID_ARGUMENT, message)

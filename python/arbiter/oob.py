@@ -19,7 +19,7 @@ import ctypes
 import inspect
 
 from . import _library
-from .errors import ArbiterError, Status
+from .errors import ArbiterError, Status, invalid_argument
 
 
 def _takes_timeout(method) -> bool:
@@ -36,9 +36,8 @@ class PythonOob:
     def __init__(self, group: object, rank: int, world_size: int) -> None:
         allgather = getattr(group, "allgather", None)
         if not callable(allgather):
-            raise ArbiterError(
-                Status.INVALID_ARGUMENT,
-                f"oob: a {type(group).__name__} has no allgather(bytes) -> list[bytes]",
+            raise invalid_argument(
+                f"oob: a {type(group).__name__} has no allgather(bytes) -> list[bytes]"
             )
         self._group = group
         self._rank = rank

@@ -17,6 +17,7 @@ from typing import Iterable, Union
 
 from . import _library
 from .errors import ArbiterError, Status
+from .errors import invalid_argument as _invalid
 
 
 class Dtype(enum.IntEnum):
@@ -48,10 +49,6 @@ _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40
 
 Capability = Union[int, str]
 Size = Union[int, str]
-
-
-def _invalid(message: str) -> ArbiterError:
-    return ArbiterError(Status.INVALID_ARGUMENT, message)
 
 
 def element_size(dtype: str | Dtype) -> int:
