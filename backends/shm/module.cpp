@@ -11,6 +11,7 @@
 #include "algorithms.h"
 #include "arbiter/common/call_checks.h"
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/token_slice.h"
 #include "arbiter_backend.h"
 #include "status.h"
 #include "workspace.h"
@@ -172,14 +173,6 @@ std::uint64_t max_message_bytes(const arbiter_workspace* handle, arbiter_algorit
   return handle == nullptr ? 0 : std::numeric_limits<std::uint64_t>::max();
 }
 
-// `base` + `bytes`, or NULL for an absent buffer.
-const void* at(const void* base, std::size_t bytes) {
-  return base == nullptr ? nullptr : static_cast<const std::byte*>(base) + bytes;
-}
-void* at(void* base, std::size_t bytes) {
-  return base == nullptr ? nullptr : static_cast<std::byte*>(base) + bytes;
-}
-
 Status run_algorithm(Workspace& workspace, const arbiter_allreduce_args& args) {
   switch (args.algorithm) {
     case ARBITER_ALGORITHM_ONESHOT:
@@ -192,25 +185,15 @@ Status run_algorithm(Workspace& workspace, const arbiter_allreduce_args& args) {
 }
 
 // A call larger than a slot, as consecutive calls on slices of whole tokens
-// (the norm is per token, so each slice is a complete call). Every rank
-// slices the same shape alike, so the slices pair up across ranks.
+// (NVFP4 is refused above). Every rank slices the same shape alike, so the
+// slices pair up across ranks.
 Status run_streamed(Workspace& workspace, const arbiter_allreduce_args& args) {
-  const std::size_t element = common::dtype_size(args.dtype);
-  const std::size_t row_bytes = std::size_t{args.hidden} * element;
+  const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(args.dtype);
   const auto slice_tokens = static_cast<std::uint32_t>(workspace.slot_bytes() / row_bytes);
   if (args.tokens <= slice_tokens) return run_algorithm(workspace, args);
-  // quant_out holds one byte per element (FP8; NVFP4 is refused above).
-  const std::size_t quant_row = args.hidden;
   for (std::uint32_t first = 0; first < args.tokens; first += slice_tokens) {
-    arbiter_allreduce_args slice = args;
-    slice.tokens = std::min(slice_tokens, args.tokens - first);
-    const std::size_t offset = std::size_t{first} * row_bytes;
-    slice.input = at(args.input, offset);
-    slice.allreduce_out = at(args.allreduce_out, offset);
-    slice.residual_in = at(args.residual_in, offset);
-    slice.residual_out = at(args.residual_out, offset);
-    slice.norm_out = at(args.norm_out, offset);
-    slice.quant_out = at(args.quant_out, std::size_t{first} * quant_row);
+    const arbiter_allreduce_args slice =
+        common::token_slice(args, first, std::min(slice_tokens, args.tokens - first));
     if (Status status = run_algorithm(workspace, slice); !status.ok()) return status;
   }
   return {};

@@ -5,7 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <type_traits>
+
+#include "arbiter/common/token_slice.h"
 
 namespace arbiter {
 namespace {
@@ -301,21 +302,10 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
             " bytes per call); create the communicator with the real hidden size";
     return ARBITER_UNSUPPORTED;
   }
-  auto advance = [](auto*& p, std::uint64_t bytes) {
-    using Pointer = std::remove_reference_t<decltype(p)>;
-    if (p) p = reinterpret_cast<Pointer>(reinterpret_cast<std::uintptr_t>(p) + bytes);
-  };
   const std::uint32_t total = call.tokens;
   for (std::uint32_t done = 0; done < total;) {
-    arbiter_allreduce_args slice = call;
-    slice.tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(per_slice, total - done));
-    const std::uint64_t offset = std::uint64_t{done} * token_bytes;
-    advance(slice.input, offset);
-    advance(slice.allreduce_out, offset);
-    advance(slice.residual_in, offset);
-    advance(slice.residual_out, offset);
-    advance(slice.norm_out, offset);
-    advance(slice.quant_out, std::uint64_t{done} * call.hidden);  // FP8: a byte per element
+    const arbiter_allreduce_args slice = common::token_slice(
+        call, done, static_cast<std::uint32_t>(std::min<std::uint64_t>(per_slice, total - done)));
     const std::int32_t status = w.module->run(w.handle, &slice, stream);
     if (status != ARBITER_OK) {
       error = w.module->last_error();
