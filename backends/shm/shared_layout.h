@@ -95,10 +95,12 @@ inline std::size_t round_up(std::size_t value, std::size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
+// The largest max_message_bytes a spec may ask for, and the largest slot.
+inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 46;  // 64 TiB
+
 // nullopt when the sizes overflow.
 inline std::optional<Layout> compute_layout(std::int32_t world_size, std::uint64_t slot_bytes) {
-  constexpr std::uint64_t kLimit = std::uint64_t{1} << 46;  // 64 TiB: beyond any real mapping
-  if (world_size <= 0 || slot_bytes == 0 || slot_bytes > kLimit) return std::nullopt;
+  if (world_size <= 0 || slot_bytes == 0 || slot_bytes > kMaxMessageBytes) return std::nullopt;
   const auto ranks = static_cast<std::size_t>(world_size);
   Layout layout;
   layout.slot_bytes = slot_bytes;

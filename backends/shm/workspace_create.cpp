@@ -132,7 +132,7 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
     return {ARBITER_UNSUPPORTED,
             "shm is single-node only; spec.nodes is " + std::to_string(spec.nodes)};
   }
-  if (spec.max_message_bytes == 0 || !compute_layout(spec.world_size, spec.max_message_bytes)) {
+  if (spec.max_message_bytes == 0 || spec.max_message_bytes > kMaxMessageBytes) {
     return {ARBITER_INVALID_ARGUMENT, "max_message_bytes " +
                                           std::to_string(spec.max_message_bytes) +
                                           " must be between 1 and 64 TiB"};
@@ -277,14 +277,9 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   std::int32_t code = oob.allgather(oob.ctx, &hello, hellos.data(), sizeof(Hello), timeout);
   if (code != ARBITER_OK) return oob_failed(oob, code, "allgather of workspace parameters");
   if (Status verdict = judge_hellos(hellos); !verdict.ok()) return verdict;
-  const std::uint64_t slot_bytes = hello.slot_bytes;
-  const std::optional<Layout> maybe_layout = compute_layout(spec.world_size, slot_bytes);
-  if (!maybe_layout) {
-    return {ARBITER_INVALID_ARGUMENT,
-            "shm workspace creation: a slot of " + std::to_string(slot_bytes) +
-                " bytes (one token of hidden " + std::to_string(spec.hidden) + ") is too large"};
-  }
-  const Layout layout = *maybe_layout;
+  // The verdict saw a world size > 0; a slot is at most max(1 MiB, one row of
+  // at most 16 GiB): always a layout.
+  const Layout layout = *compute_layout(spec.world_size, hello.slot_bytes);
 
   // 2. Rank 0 creates; everyone learns the name or why there is none.
   Announcement announcement{};
