@@ -79,7 +79,7 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
       }
       backoff.progress();
     }
-    reduce_tokens(args, slots, ranks, first, tokens, row);
+    workspace.kernels().reduce_tokens(args, slots, ranks, first, tokens, row);
   }
   return {};
 }

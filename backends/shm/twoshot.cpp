@@ -41,7 +41,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
 
   std::vector<float>& row = workspace.accumulator;
   if (row.size() < hidden) row.resize(hidden);
-  epilogue_tokens(args, sums, 0, args.tokens, row.data());
+  workspace.kernels().epilogue_tokens(args, sums, 0, args.tokens, row.data());
   return {};
 }
 

@@ -14,13 +14,14 @@
 namespace arbiter::shm {
 
 Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
-                     arbiter_dtype dtype, std::int64_t timeout_ms)
+                     arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels)
     : base_(base),
       layout_(layout),
       rank_(rank),
       world_size_(world_size),
       dtype_(dtype),
-      timeout_ms_(timeout_ms) {}
+      timeout_ms_(timeout_ms),
+      kernels_(kernels) {}
 
 // The object was unlinked at creation, so the memory goes away with the last
 // rank's unmap; no rank has to wait for the others here.
@@ -115,7 +116,7 @@ void Workspace::sum_inputs(std::size_t begin, std::size_t end, void* out) {
   std::vector<const std::byte*>& inputs = input_pointers_;
   inputs.resize(static_cast<std::size_t>(world_size()));
   for (std::int32_t peer = 0; peer < world_size(); ++peer) inputs[peer] = twoshot_input(peer);
-  sum_elements(dtype(), inputs.data(), world_size(), begin, end, out);
+  kernels_.sum_elements(dtype(), inputs.data(), world_size(), begin, end, out);
 }
 
 }  // namespace arbiter::shm

@@ -16,6 +16,7 @@
 #include "backoff.h"
 #include "shared_layout.h"
 #include "status.h"
+#include "token_kernels.h"
 
 namespace arbiter::shm {
 
@@ -23,7 +24,7 @@ class Workspace {
  public:
   // Takes ownership of a mapping of layout.total bytes at `base`.
   Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
-            arbiter_dtype dtype, std::int64_t timeout_ms);
+            arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels);
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -31,6 +32,8 @@ class Workspace {
   std::int32_t rank() const { return rank_; }
   std::int32_t world_size() const { return world_size_; }
   arbiter_dtype dtype() const { return dtype_; }
+  // The per-token arithmetic this rank runs (token_kernels.h).
+  const TokenKernels& kernels() const { return kernels_; }
   // What one algorithm call takes per rank; run() streams larger calls
   // through it a slice of whole tokens at a time.
   std::uint64_t slot_bytes() const { return layout_.slot_bytes; }
@@ -78,6 +81,7 @@ class Workspace {
   std::int32_t world_size_;
   arbiter_dtype dtype_;
   std::int64_t timeout_ms_;
+  const TokenKernels& kernels_;
   std::uint32_t barrier_flag_ = 0;
   // Scratch for sum_inputs(); sized once, so calls do not allocate.
   std::vector<const std::byte*> input_pointers_;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -106,7 +107,9 @@ Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
               std::to_string(code) + "): " + (reason ? reason : "no reason given")};
 }
 
-Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
+// Also chooses this rank's kernels (ARBITER_SHM_ISA).
+Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
+                  const TokenKernels** kernels) {
   if (spec.world_size < 2 || spec.world_size > kMaxWorldSize) {
     return {ARBITER_UNSUPPORTED, "world size " + std::to_string(spec.world_size) +
                                      " is outside the 2..63 this backend supports"};
@@ -131,6 +134,10 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec) {
   if (spec.nodes > 1) {
     return {ARBITER_UNSUPPORTED,
             "shm is single-node only; spec.nodes is " + std::to_string(spec.nodes)};
+  }
+  if (const Status chosen = choose_token_kernels(std::getenv("ARBITER_SHM_ISA"), kernels);
+      !chosen.ok()) {
+    return chosen;
   }
   if (spec.max_message_bytes == 0 || spec.max_message_bytes > kMaxMessageBytes) {
     return {ARBITER_INVALID_ARGUMENT, "max_message_bytes " +
@@ -262,7 +269,8 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 
   // 1. Parameters and local verdicts.
   Hello hello{};
-  const Status local = check_spec(oob, spec);
+  const TokenKernels* kernels = &kScalarKernels;
+  const Status local = check_spec(oob, spec, &kernels);
   hello.status = local.code();
   hello.rank = oob.rank;
   hello.world_size = spec.world_size;
@@ -333,7 +341,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     }
   }
   try {
-    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout);
+    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout, *kernels);
   } catch (...) {
     munmap(base, layout.total);
     throw;

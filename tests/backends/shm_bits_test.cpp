@@ -1,13 +1,15 @@
-// The shm module's per-token arithmetic runs as the widest x86-64 version
-// this CPU has (AVX-512, AVX2 or baseline, token_kernels.h). Its outputs must
-// have the bits of the same arithmetic compiled here for baseline x86-64, on
-// every dtype and on the values vector code gets wrong most easily: NaN
-// (quiet and signalling), infinities, subnormals, -0.0, sums that overflow,
-// and a hidden size that is not a multiple of the vector width.
+// The shm module's per-token arithmetic has an AVX-512, an AVX2 and a scalar
+// version (token_kernels.h); ARBITER_SHM_ISA picks one. Each version this CPU
+// runs must give the bits of the same arithmetic compiled here for baseline
+// x86-64, on every dtype and pattern and on the values vector code gets wrong
+// most easily: NaN (quiet and signalling), infinities, subnormals, -0.0,
+// sums that overflow, and a hidden size that is not a multiple of the
+// vector width.
 #define BOOST_TEST_MODULE backends_shm_bits
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -121,8 +123,8 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
       store_element(gamma.data(), i, dtype, 0.5f + static_cast<float>(i % 13) / 8.0f);
     }
     const float scale = 0.02f;
-    for (arbiter_pattern pattern :
-         {ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8}) {
+    for (arbiter_pattern pattern : {ARBITER_PATTERN_ALLREDUCE, ARBITER_PATTERN_RESIDUAL_RMSNORM,
+                                    ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8}) {
       // The expected bits, with this binary's baseline code: the sum over
       // ranks in rank order from +0.0, then the epilogue.
       Outputs want(dtype);
@@ -165,7 +167,54 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(every_algorithm_gives_the_baseline_bits_on_special_values) {
-  run_group(2, check_rank);
-  run_group(3, check_rank);
+// Whether this CPU runs `level`, by the test the module makes.
+bool cpu_runs(const std::string& level) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (level == "avx512") {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  if (level == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+  return level == "scalar" || level == "auto";
+}
+
+// Every rank's workspace_create fails with `code` and a message holding `words`.
+void expect_refusal(std::int32_t code, const std::string& words) {
+  run_group(2, [&](int, const arbiter_oob& oob) -> std::string {
+    const arbiter_workspace_spec spec = make_spec(oob, ARBITER_DTYPE_BF16, 4096);
+    arbiter_workspace* workspace = nullptr;
+    const std::int32_t got = shm().workspace_create(&oob, &spec, &workspace);
+    if (got == ARBITER_OK) {
+      shm().workspace_destroy(workspace);
+      return "workspace_create succeeded";
+    }
+    const std::string error = shm().last_error();
+    if (got != code || error.find(words) == std::string::npos) {
+      return "code " + std::to_string(got) + ": " + error;
+    }
+    return workspace == nullptr ? "" : "a refused workspace was returned";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_special_values) {
+  for (const std::string level : {"scalar", "avx2", "avx512", "auto"}) {
+    BOOST_TEST_CONTEXT("ARBITER_SHM_ISA=" << level) {
+      setenv("ARBITER_SHM_ISA", level.c_str(), 1);
+      if (!cpu_runs(level)) {
+        BOOST_TEST_MESSAGE("this CPU lacks " << level << ": its refusal is checked instead");
+        expect_refusal(ARBITER_UNSUPPORTED, "ARBITER_SHM_ISA=" + level + ": this CPU");
+        continue;
+      }
+      run_group(2, check_rank);
+      run_group(3, check_rank);
+    }
+  }
+  unsetenv("ARBITER_SHM_ISA");
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_level_is_refused_on_every_rank) {
+  setenv("ARBITER_SHM_ISA", "avx1024", 1);
+  expect_refusal(ARBITER_INVALID_ARGUMENT, "ARBITER_SHM_ISA='avx1024' is not a level");
+  unsetenv("ARBITER_SHM_ISA");
 }
