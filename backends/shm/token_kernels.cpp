@@ -17,6 +17,14 @@ bool cpu_has_avx512() {
 #endif
 }
 
+bool cpu_has_avx512bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_avx2() {
 #if defined(__x86_64__) && defined(__GNUC__)
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
@@ -27,6 +35,7 @@ bool cpu_has_avx2() {
 
 // The kernels named `name` if this build has them and this CPU runs them.
 const TokenKernels* runnable(const std::string& name) {
+  if (name == "avx512bf16") return cpu_has_avx512bf16() ? avx512bf16_kernels() : nullptr;
   if (name == "avx512") return cpu_has_avx512() ? avx512_kernels() : nullptr;
   if (name == "avx2") return cpu_has_avx2() ? avx2_kernels() : nullptr;
   return &kScalarKernels;
@@ -37,7 +46,7 @@ const TokenKernels* runnable(const std::string& name) {
 Status choose_token_kernels(const char* request, const TokenKernels** out) {
   const std::string name = request == nullptr ? "" : request;
   if (name.empty() || name == "auto") {
-    for (const char* level : {"avx512", "avx2"}) {
+    for (const char* level : {"avx512bf16", "avx512", "avx2"}) {
       if (const TokenKernels* kernels = runnable(level); kernels != nullptr) {
         *out = kernels;
         return {};
@@ -46,14 +55,15 @@ Status choose_token_kernels(const char* request, const TokenKernels** out) {
     *out = &kScalarKernels;
     return {};
   }
-  if (name != "avx512" && name != "avx2" && name != "scalar") {
-    return {ARBITER_INVALID_ARGUMENT,
-            "ARBITER_SHM_ISA='" + name + "' is not a level; use auto, avx512, avx2 or scalar"};
+  if (name != "avx512bf16" && name != "avx512" && name != "avx2" && name != "scalar") {
+    return {ARBITER_INVALID_ARGUMENT, "ARBITER_SHM_ISA='" + name +
+                                          "' is not a level; use auto, avx512bf16, avx512, avx2 "
+                                          "or scalar"};
   }
   const TokenKernels* kernels = runnable(name);
   if (kernels == nullptr) {
     std::string have = "scalar";
-    for (const char* level : {"avx2", "avx512"}) {
+    for (const char* level : {"avx2", "avx512", "avx512bf16"}) {
       if (runnable(level) != nullptr) have = std::string(level) + ", " + have;
     }
     return {ARBITER_UNSUPPORTED, "ARBITER_SHM_ISA=" + name +

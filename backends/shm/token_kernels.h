@@ -1,7 +1,7 @@
-// The shm backend's per-token arithmetic, in three versions that give the
-// same bits: AVX-512 (F, BW, VL, DQ) and AVX2 + F16C, written with
-// intrinsics over 16 lanes (token_kernels_vector.h), and the scalar
-// reference (token_kernels_scalar.cpp), which runs anywhere. The widest the
+// The shm backend's per-token arithmetic, in four versions that give the
+// same bits: AVX-512 with BF16, AVX-512 (F, BW, VL, DQ) and AVX2 + F16C,
+// written with intrinsics over 16 lanes (token_kernels_vector.h), and the
+// scalar reference (token_kernels_scalar.cpp), which runs anywhere. The widest the
 // CPU has is chosen when a workspace is created; ARBITER_SHM_ISA may ask for
 // a narrower one (tests compare them; a user can rule out a suspect one).
 // The module is built without FP contraction, and the epilogue's sum of
@@ -17,7 +17,7 @@
 namespace arbiter::shm {
 
 struct TokenKernels {
-  const char* name;  // "avx512", "avx2" or "scalar"
+  const char* name;  // "avx512bf16", "avx512", "avx2" or "scalar"
 
   // For tokens [first, first + count): sums row t of every rank (rows[q] + t
   // x row bytes, q in rank order, from +0.0) and applies the epilogue of
@@ -37,13 +37,14 @@ struct TokenKernels {
 };
 
 // The kernels `request` names: "auto" or empty (the widest this CPU runs),
-// "avx512", "avx2" or "scalar". An unknown name, or a level this CPU lacks,
+// "avx512bf16", "avx512", "avx2" or "scalar". An unknown name, or a level this CPU lacks,
 // is an error that says what it has.
 Status choose_token_kernels(const char* request, const TokenKernels** out);
 
 // The versions (token_kernels_*.cpp); a vector one is NULL where this build
 // has none (not x86-64, or a compiler without the intrinsics).
 extern const TokenKernels kScalarKernels;
+const TokenKernels* avx512bf16_kernels();
 const TokenKernels* avx512_kernels();
 const TokenKernels* avx2_kernels();
 

@@ -105,6 +105,20 @@ struct Lanes {
                                          canonical_nan(rounded.high, rounded.high)});
     }
   }
+
+  // store(p, round(v)).
+  template <arbiter_dtype kDtype>
+  ARBITER_SHM_LANES_INLINE void store_rounded(void* p, F v) {
+    store<kDtype>(p, round<kDtype>(v));
+  }
+
+  // store(p, round(v)), and round(v).
+  template <arbiter_dtype kDtype>
+  ARBITER_SHM_LANES_INLINE F round_and_store(void* p, F v) {
+    const F rounded = round<kDtype>(v);
+    store<kDtype>(p, rounded);
+    return rounded;
+  }
 };
 
 }  // namespace arbiter::shm::avx2

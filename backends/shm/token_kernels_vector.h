@@ -22,7 +22,9 @@
 //   Lanes                      (in that namespace) the vector type F of 16
 //                              floats, with static zero, splat, add, mul,
 //                              load_f32, store_f32, spill, load<D>,
-//                              round<D>, store<D>
+//                              round<D>, store<D> (of a rounded value),
+//                              store_rounded<D> (of any value),
+//                              round_and_store<D> (stores, returns round)
 // and gets, in that namespace, the three entry points of TokenKernels. No
 // include guard: each including file includes it once, in its own
 // namespace, compiled for its own level.
@@ -107,8 +109,7 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   if (!common::pattern_has_norm(args.pattern)) {
     if (allreduce_out == nullptr) return;
     for (std::uint32_t i = 0; i < whole; i += kBlock) {
-      Lanes::store<kDtype>(allreduce_out + i,
-                           Lanes::round<kDtype>(block_sum<kDtype>(source, base + i)));
+      Lanes::store_rounded<kDtype>(allreduce_out + i, block_sum<kDtype>(source, base + i));
     }
     for (std::uint32_t i = whole; i < hidden; ++i) {
       allreduce_out[i] =
@@ -126,10 +127,14 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   F squares = Lanes::zero();
   for (std::uint32_t i = 0; i < whole; i += kBlock) {
     const F residual = Lanes::load<kDtype>(residual_in + i);
-    const F sum = Lanes::round<kDtype>(block_sum<kDtype>(source, base + i));
-    if (allreduce_out != nullptr) Lanes::store<kDtype>(allreduce_out + i, sum);
-    const F x = Lanes::round<kDtype>(Lanes::add(sum, residual));
-    if (residual_out != nullptr) Lanes::store<kDtype>(residual_out + i, x);
+    const F unrounded_sum = block_sum<kDtype>(source, base + i);
+    const F sum = allreduce_out != nullptr
+                      ? Lanes::round_and_store<kDtype>(allreduce_out + i, unrounded_sum)
+                      : Lanes::round<kDtype>(unrounded_sum);
+    const F unrounded_x = Lanes::add(sum, residual);
+    const F x = residual_out != nullptr
+                    ? Lanes::round_and_store<kDtype>(residual_out + i, unrounded_x)
+                    : Lanes::round<kDtype>(unrounded_x);
     Lanes::store_f32(row + i, x);
     squares = Lanes::add(squares, Lanes::mul(x, x));
   }
@@ -157,9 +162,14 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   const F bias = Lanes::splat(args.weight_bias);
   for (std::uint32_t i = 0; i < whole; i += kBlock) {
     const F weight = Lanes::add(Lanes::load<kDtype>(gamma + i), bias);
-    const F y = Lanes::round<kDtype>(Lanes::mul(Lanes::mul(Lanes::load_f32(row + i), inv), weight));
-    if (norm_out != nullptr) Lanes::store<kDtype>(norm_out + i, y);
-    if (quantize) Lanes::store_f32(row + i, y);
+    const F unrounded = Lanes::mul(Lanes::mul(Lanes::load_f32(row + i), inv), weight);
+    if (quantize) {
+      const F y = norm_out != nullptr ? Lanes::round_and_store<kDtype>(norm_out + i, unrounded)
+                                      : Lanes::round<kDtype>(unrounded);
+      Lanes::store_f32(row + i, y);
+    } else if (norm_out != nullptr) {
+      Lanes::store_rounded<kDtype>(norm_out + i, unrounded);
+    }
   }
   for (std::uint32_t i = whole; i < hidden; ++i) {
     const float weight = common::dtype_bits_to_float(gamma[i], kDtype) + args.weight_bias;
@@ -197,7 +207,7 @@ ARBITER_SHM_VECTOR_TARGET void sum_elements_as(const std::byte* const* inputs, s
   auto* stored = static_cast<Bits<kDtype>*>(out);
   std::size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    Lanes::store<kDtype>(stored + i, Lanes::round<kDtype>(block_sum<kDtype>(source, i)));
+    Lanes::store_rounded<kDtype>(stored + i, block_sum<kDtype>(source, i));
   }
   for (; i < end; ++i) {
     stored[i] =

@@ -1,5 +1,5 @@
-// The shm module's per-token arithmetic has an AVX-512, an AVX2 and a scalar
-// version (token_kernels.h); ARBITER_SHM_ISA picks one. Each version this CPU
+// The shm module's per-token arithmetic has AVX-512 BF16, AVX-512, AVX2 and
+// scalar versions (token_kernels.h); ARBITER_SHM_ISA picks one. Each version this CPU
 // runs must give the bits of the same arithmetic compiled here for baseline
 // x86-64, on every dtype and pattern and on the values vector code gets wrong
 // most easily: NaN (quiet and signalling), infinities, subnormals, -0.0,
@@ -170,6 +170,7 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
 // Whether this CPU runs `level`, by the test the module makes.
 bool cpu_runs(const std::string& level) {
 #if defined(__x86_64__) && defined(__GNUC__)
+  if (level == "avx512bf16") return cpu_runs("avx512") && __builtin_cpu_supports("avx512bf16");
   if (level == "avx512") {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -198,7 +199,7 @@ void expect_refusal(std::int32_t code, const std::string& words) {
 }
 
 BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_special_values) {
-  for (const std::string level : {"scalar", "avx2", "avx512", "auto"}) {
+  for (const std::string level : {"scalar", "avx2", "avx512", "avx512bf16", "auto"}) {
     BOOST_TEST_CONTEXT("ARBITER_SHM_ISA=" << level) {
       setenv("ARBITER_SHM_ISA", level.c_str(), 1);
       if (!cpu_runs(level)) {
