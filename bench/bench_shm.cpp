@@ -12,10 +12,11 @@
 // Rank 0 prints a CSV: world_size, bytes (per rank), num_tokens, method,
 // latency_us (median over trials of the slowest rank's per-call time, calls
 // back to back), effective_GBps (bytes / latency), p90_us. Methods:
-// fused_oneshot, fused_twoshot, separate_steps, memcpy (the same bytes, all
-// ranks at once), and once per run pingpong (a flag's round trip between
-// ranks 0 and 1 through shared memory: the floor of any wait on a peer).
-// After the power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
+// fused_oneshot, fused_twoshot, fused_twoshot_replicated (two-shot told that
+// every rank's residual is the same: each rank runs the epilogue on its own
+// token slice only), separate_steps, memcpy (the same bytes, all ranks at once), and once per run
+// pingpong (a flag's round trip between ranks 0 and 1 through shared memory: the floor of any wait
+// on a peer). After the power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
 // prefill-shaped (4096 x 4096) row, where --to holds them.
 #include <fcntl.h>
 #include <signal.h>
@@ -228,15 +229,20 @@ class Runner {
     struct Method {
       const char* name;
       arbiter_algorithm algorithm;
+      std::uint32_t flags;
     };
-    const Method methods[] = {{"fused_oneshot", ARBITER_ALGORITHM_ONESHOT},
-                              {"fused_twoshot", ARBITER_ALGORITHM_TWOSHOT},
-                              {"separate_steps", ARBITER_ALGORITHM_NATIVE}};
+    // Every rank's residual is the same here, as in tensor parallelism.
+    const Method methods[] = {
+        {"fused_oneshot", ARBITER_ALGORITHM_ONESHOT, 0},
+        {"fused_twoshot", ARBITER_ALGORITHM_TWOSHOT, 0},
+        {"fused_twoshot_replicated", ARBITER_ALGORITHM_TWOSHOT, ARBITER_RUN_RESIDUAL_REPLICATED},
+        {"separate_steps", ARBITER_ALGORITHM_NATIVE, 0}};
     for (const Method& m : methods) {
       arbiter_allreduce_args a{};
       a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
       a.dtype = ARBITER_DTYPE_BF16;
       a.algorithm = m.algorithm;
+      a.flags = m.flags;
       a.tokens = tokens;
       a.hidden = hidden;
       a.input = input_.data();

@@ -133,6 +133,13 @@ typedef struct arbiter_workspace arbiter_workspace; /* opaque, module-owned */
 
 #define ARBITER_RUN_NVFP4_LINEAR_SCALES (1u << 0) /* else 128x4 swizzled */
 #define ARBITER_RUN_PDL (1u << 1)                 /* programmatic dependent launch */
+/* The caller promises residual_in holds the same values on every rank (as in
+ * tensor parallelism, where the residual stream is replicated). A backend
+ * may then run each token's epilogue on one rank and copy its outputs to
+ * the others. A backend may ignore it; the results are the same either way
+ * while the promise holds. If it does not, a rank's outputs for a token may
+ * follow another rank's residual_in. */
+#define ARBITER_RUN_RESIDUAL_REPLICATED (1u << 2)
 
 /* One fused all-reduce. Buffers are device pointers for GPU backends, host
  * pointers for host backends; all hold tokens x hidden elements of dtype

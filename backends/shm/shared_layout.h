@@ -7,6 +7,8 @@
 //    each, padded to 4 KiB]
 //   [one-shot: 2 parities x world_size slots][two-shot inputs: world_size slots]
 //   [two-shot / native sums: 1 slot]
+//   [two-shot outputs, for ARBITER_RUN_RESIDUAL_REPLICATED: allreduce_out,
+//    residual_out, norm_out and quant_out of the slice, 1 slot each]
 //
 // A slot holds one rank's part of one slice of a call (slot_bytes, rounded
 // up to 64): a call larger than a slot streams through the slots a slice of
@@ -25,7 +27,7 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 5;
+inline constexpr std::uint32_t kLayoutVersion = 6;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
@@ -50,7 +52,7 @@ static_assert(sizeof(SharedHeader) <= kPage);
 
 // The largest slot: a rank's share of one slice. Calls beyond it stream
 // (one more synchronisation per MiB per rank, well under 1% of moving it),
-// and the mapping stays (3 x world size + 1) x 1 MiB at most: 25 MiB at 8
+// and the mapping stays (3 x world size + 5) x 1 MiB at most: 29 MiB at 8
 // ranks, whatever the fused cap.
 inline constexpr std::uint64_t kMaxSlotBytes = std::uint64_t{1} << 20;
 
@@ -88,12 +90,17 @@ struct Layout {
   std::size_t oneshot = 0;
   std::size_t twoshot_inputs = 0;
   std::size_t sums = 0;
+  std::size_t outputs = 0;  // kStagedOutputs slots
   std::size_t total = 0;
 };
 
 inline std::size_t round_up(std::size_t value, std::size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
+
+// The outputs a replicated two-shot stages: allreduce_out, residual_out,
+// norm_out, quant_out (at most a slot: one byte per element).
+inline constexpr std::size_t kStagedOutputs = 4;
 
 // The largest max_message_bytes a spec may ask for, and the largest slot.
 inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 46;  // 64 TiB
@@ -113,7 +120,8 @@ inline std::optional<Layout> compute_layout(std::int32_t world_size, std::uint64
       layout.oneshot_sequences + round_up(2 * ranks * layout.oneshot_chunks * kLine, kPage);
   layout.twoshot_inputs = layout.oneshot + 2 * ranks * layout.slot_stride;
   layout.sums = layout.twoshot_inputs + ranks * layout.slot_stride;
-  layout.total = round_up(layout.sums + layout.slot_stride, kPage);
+  layout.outputs = layout.sums + layout.slot_stride;
+  layout.total = round_up(layout.outputs + kStagedOutputs * layout.slot_stride, kPage);
   return layout;
 }
 

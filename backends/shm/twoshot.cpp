@@ -1,10 +1,23 @@
-// Two-shot: reduce-scatter by token slices, then every rank reads all sums.
+// Two-shot: reduce-scatter by token slices, then every rank gets all tokens.
 //
 // Barrier 1 makes every input copy visible before anyone sums; barrier 2
-// makes every slice sum visible before anyone runs the epilogue, and also
-// keeps a fast rank from overwriting its input copy (next call) while a slow
-// one still sums from it. The next call's barrier 1 likewise keeps the sums
-// region from being overwritten while a slow rank still reads it.
+// makes every rank's slice visible before anyone reads it, and also keeps a
+// fast rank from overwriting its input copy (next call) while a slow one
+// still sums from it. The next call's barrier 1 likewise keeps the shared
+// sums and staged outputs from being overwritten while a slow rank still
+// reads them.
+//
+// Two ways to finish:
+//   - by default each rank publishes its slice's sums, and every rank runs
+//     the epilogue on every token with its own residual_in;
+//   - with ARBITER_RUN_RESIDUAL_REPLICATED (residual_in the same on every
+//     rank) each rank runs the epilogue on its slice only, straight from the
+//     ranks' input copies into its own outputs, stages those outputs, and
+//     copies the other slices' outputs from their owners: the epilogue's
+//     work is split world_size ways instead of repeated on every rank.
+// Both give the same bits: the same sums in the same order, the same
+// epilogue, on the same residual.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,9 +26,63 @@
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/partition.h"
+#include "arbiter/common/rmsnorm.h"
 #include "token_kernels.h"
 
 namespace arbiter::shm {
+
+namespace {
+
+// The outputs a replicated call stages (the index is the staging slot) and
+// the bytes of one token of each; NULL outputs are skipped.
+struct StagedOutput {
+  std::byte* buffer;
+  std::size_t row_bytes;
+};
+
+std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_args& args) {
+  const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(args.dtype);
+  const bool quantized = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
+  return {{{static_cast<std::byte*>(args.allreduce_out), row_bytes},
+           {static_cast<std::byte*>(args.residual_out), row_bytes},
+           {static_cast<std::byte*>(args.norm_out), row_bytes},
+           {quantized ? static_cast<std::byte*>(args.quant_out) : nullptr, args.hidden}}};
+}
+
+// The epilogue on this rank's slice [first, end), then the other slices'
+// outputs from their owners.
+Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& args,
+                         std::uint32_t first, std::uint32_t end, Backoff& backoff) {
+  const std::int32_t ranks = workspace.world_size();
+  const std::byte* inputs[kMaxRanks];
+  for (std::int32_t q = 0; q < ranks; ++q) inputs[q] = workspace.twoshot_input(q);
+  if (workspace.accumulator.size() < args.hidden) workspace.accumulator.resize(args.hidden);
+  workspace.kernels().reduce_tokens(args, inputs, ranks, first, end - first,
+                                    workspace.accumulator.data());
+  const auto outputs = staged_outputs(args);
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k].buffer == nullptr) continue;
+    const std::size_t offset = first * outputs[k].row_bytes;
+    std::memcpy(workspace.staged_output(k) + offset, outputs[k].buffer + offset,
+                (end - first) * outputs[k].row_bytes);
+  }
+  Status status = workspace.barrier(backoff, "two-shot barrier 2 (slice outputs staged)");
+  if (!status.ok()) return status;
+  for (std::int32_t q = 0; q < ranks; ++q) {
+    if (q == workspace.rank()) continue;
+    const std::uint32_t begin = common::slice_begin(args.tokens, ranks, q);
+    const std::uint32_t stop = common::slice_end(args.tokens, ranks, q);
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      if (outputs[k].buffer == nullptr) continue;
+      const std::size_t offset = begin * outputs[k].row_bytes;
+      std::memcpy(outputs[k].buffer + offset, workspace.staged_output(k) + offset,
+                  (stop - begin) * outputs[k].row_bytes);
+    }
+  }
+  return {};
+}
+
+}  // namespace
 
 Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const arbiter_dtype dtype = workspace.dtype();
@@ -32,10 +99,14 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   if (!status.ok()) return status;
 
   const auto rank = static_cast<std::uint32_t>(workspace.rank());
-  const std::size_t begin = std::size_t{common::slice_begin(args.tokens, ranks, rank)} * hidden;
-  const std::size_t end = std::size_t{common::slice_end(args.tokens, ranks, rank)} * hidden;
+  const std::uint32_t first = common::slice_begin(args.tokens, ranks, rank);
+  const std::uint32_t end = common::slice_end(args.tokens, ranks, rank);
+  if ((args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
+      common::pattern_has_norm(args.pattern)) {
+    return finish_replicated(workspace, args, first, end, backoff);
+  }
   std::byte* sums = workspace.sums();
-  workspace.sum_inputs(begin, end, sums);
+  workspace.sum_inputs(std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;
 

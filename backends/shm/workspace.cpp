@@ -47,6 +47,10 @@ std::byte* Workspace::twoshot_input(std::int32_t rank) {
 
 std::byte* Workspace::sums() { return static_cast<std::byte*>(base_) + layout_.sums; }
 
+std::byte* Workspace::staged_output(std::size_t index) {
+  return static_cast<std::byte*>(base_) + layout_.outputs + index * layout_.slot_stride;
+}
+
 Backoff Workspace::start_call() {
   // Where this rank runs now, for peers deciding whether to spin (backoff.h);
   // the line is written only when the rank has moved.

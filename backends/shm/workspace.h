@@ -46,6 +46,9 @@ class Workspace {
   std::uint32_t* sleepers() { return &header().sleepers; }
   std::byte* twoshot_input(std::int32_t rank);
   std::byte* sums();
+  // Staging for output `index` (0 allreduce_out, 1 residual_out, 2 norm_out,
+  // 3 quant_out) of a replicated two-shot slice.
+  std::byte* staged_output(std::size_t index);
   // Elements [begin, end) of every rank's two-shot input, summed in fp32 in
   // rank order and stored as the workspace's dtype into `out` (same indices):
   // the one summation two-shot and the unfused path share.

@@ -100,9 +100,11 @@ def split(comm, shards, x: np.ndarray, codec: Codec, decisions=None):
     h = codec.decode(residual)
     for up, down, gamma in shards:
         partial = codec.encode(np.maximum(h @ up, 0) @ down)
-        # In place, as vLLM does: the residual is updated where it lies.
+        # In place, as vLLM does: the residual is updated where it lies. It
+        # is the same on every rank (tensor parallelism replicates it), which
+        # lets a two-shot split the norm's work across the ranks.
         result = comm.allreduce_fusion(partial, residual, gamma, eps=EPS,
-                                       out={"residual_out": residual})
+                                       out={"residual_out": residual}, residual_replicated=True)
         if decisions is not None:
             decisions.append(result.decision)
         h = codec.decode(result.norm_out)
@@ -175,7 +177,7 @@ def main() -> int:
             calls = []
             for _ in range(steps * 5):
                 start = time.perf_counter()
-                comm.allreduce_fusion(partial, residual, gamma, eps=EPS)
+                comm.allreduce_fusion(partial, residual, gamma, eps=EPS, residual_replicated=True)
                 calls.append(time.perf_counter() - start)
             if lead:
                 print(f"          {per_step * 1e3:8.3f} ms per step; the arbiter call alone "

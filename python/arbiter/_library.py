@@ -35,6 +35,9 @@ from .errors import ArbiterError, Status
 
 LIBRARY_NAME = "libarbiter_runtime.so"
 
+# arbiter_allreduce_args.flags (arbiter_backend.h).
+RUN_RESIDUAL_REPLICATED = 1 << 2
+
 
 class CRequest(Structure):
     """arbiter_request."""

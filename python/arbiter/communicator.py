@@ -233,6 +233,7 @@ class Communicator:
         stream: object = None,
         scale: object = None,
         weight_bias: float = 0.0,
+        residual_replicated: bool = False,
     ) -> FusionResult:
         """One all-reduce of x (tokens, hidden) over the group, with residual
         add + RMSNorm (+FP8/NVFP4 quantisation) when residual and weight are
@@ -246,13 +247,18 @@ class Communicator:
         scale_out; a key set to None is not written). In place is allowed as
         the C API says: an output may be exactly x or residual. CUDA arrays
         need every output in `out`; `stream` (a handle or a torch/cupy
-        stream) orders the call, and the arrays' producers, on it."""
+        stream) orders the call, and the arrays' producers, on it.
+
+        residual_replicated=True promises that `residual` holds the same
+        values on every rank (as in tensor parallelism): a backend may then
+        run each token's norm on one rank and copy its outputs to the others
+        (the shm two-shot does). Same results while the promise holds."""
         if not self._lock.acquire(blocking=False):
             raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
         held: list[Borrowed] = []
         try:
             return self._run(x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
-                             held)
+                             residual_replicated, held)
         finally:
             for view in held:
                 view.release()
@@ -283,7 +289,8 @@ class Communicator:
         if writable and view.readonly:
             raise _invalid(f"{what}: the array is read-only")
 
-    def _run(self, x, residual, weight, eps, pattern, out, stream, scale, weight_bias, held):
+    def _run(self, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
+             residual_replicated, held):
         if not self._handle:
             raise _invalid("the communicator was closed")
         if pattern is None:
@@ -316,8 +323,11 @@ class Communicator:
                 raise _invalid(f"eps {eps!r} must be finite and >= 0")
             if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
                 raise _invalid(f"weight_bias {weight_bias!r} must be finite")
+            if not isinstance(residual_replicated, bool):
+                raise _invalid(f"residual_replicated {residual_replicated!r} must be True or False")
             args.residual_in, args.gamma = rv.address, wv.address
             args.eps, args.weight_bias = float(eps), float(weight_bias)
+            args.flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
         elif residual is not None or weight is not None:
             raise _invalid("pattern allreduce takes no residual or weight")
         quant = pattern in (Pattern.RESIDUAL_RMSNORM_FP8, Pattern.RESIDUAL_RMSNORM_FP4)

@@ -138,6 +138,22 @@ def run_cases(comm, dtype: str, record: dict, saved: dict, cases) -> None:
             )
         saved[key + "/norm_out"], saved[key + "/residual_out"] = norm_out, residual_out
         record[key] = [r.decision.backend, r.decision.algorithm, r.decision.fused]
+    # The residual declared replicated (it is: every rank makes it from the
+    # same seed): the same bits as the same call without the promise.
+    case += 1
+    tokens = cases[1]
+    key = f"{dtype}-replicated-{tokens}"
+    x = make(comm.rank, case, (tokens, HIDDEN), dtype)
+    residual = make(77, case, (tokens, HIDDEN), dtype)
+    plain = comm.allreduce_fusion(x, residual, weight, eps=1e-5)
+    r = comm.allreduce_fusion(x, residual, weight, eps=1e-5, residual_replicated=True)
+    for name in ("residual_out", "norm_out"):
+        got, want = getattr(r, name), getattr(plain, name)
+        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            fail(f"{key}: {name} with residual_replicated=True differs from without")
+    saved[key + "/x"], saved[key + "/residual"] = x, residual
+    saved[key + "/norm_out"], saved[key + "/residual_out"] = r.norm_out, r.residual_out
+    record[key] = [r.decision.backend, r.decision.algorithm, r.decision.fused]
 
 
 def scenario_matrix(outdir: str) -> None:
@@ -220,6 +236,8 @@ def scenario_bad(outdir: str) -> None:
             ("stream on host", "pass no stream", lambda: comm.allreduce_fusion(x, stream=7)),
             ("unknown pattern", "unknown pattern", lambda: comm.allreduce_fusion(
                 x, pattern="softmax")),
+            ("replicated not a bool", "must be True or False", lambda: comm.allreduce_fusion(
+                x, res, w, residual_replicated="yes")),
         ]
         for what, needle, call in cases:
             expect_error(what, needle, call)

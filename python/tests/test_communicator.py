@@ -164,7 +164,8 @@ def test_every_dtype_pattern_and_size_matches_the_reference_on_every_rank(
                 continue
             backend, algorithm, fused = value
             dtype, pattern, tokens = key.split("-")
-            pattern = "residual_rmsnorm" if pattern in ("inplace", "dlpack") else pattern
+            if pattern in ("inplace", "dlpack", "replicated"):
+                pattern = "residual_rmsnorm"
             d = policy.decide(capability="cpu", world_size=nproc, dtype=dtype, pattern=pattern,
                               tokens=int(tokens), hidden=512)
             assert (d.backend, d.algorithm, d.fused) == (backend, algorithm, fused), key

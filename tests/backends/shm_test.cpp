@@ -195,9 +195,25 @@ std::string check_against_reference(const Buffers& b, const arbiter_allreduce_ar
   return problem;
 }
 
-// One (dtype, tokens, hidden, variant) in all three algorithms: outputs
-// within the reference's bounds, nothing written that was not asked for,
-// and the same bits from every algorithm and on every rank.
+// The ways a call can run: each algorithm, and two-shot again with the
+// residual declared replicated (every rank's residual_in is the same here).
+struct Method {
+  arbiter_algorithm algorithm;
+  std::uint32_t flags;
+};
+constexpr Method kMethods[] = {{ARBITER_ALGORITHM_ONESHOT, 0},
+                               {ARBITER_ALGORITHM_TWOSHOT, 0},
+                               {ARBITER_ALGORITHM_TWOSHOT, ARBITER_RUN_RESIDUAL_REPLICATED},
+                               {ARBITER_ALGORITHM_NATIVE, 0}};
+
+std::string method_name(const Method& m) {
+  return std::string(algorithm_name(m.algorithm)) +
+         ((m.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 ? " (residual replicated)" : "");
+}
+
+// One (dtype, tokens, hidden, variant) in every method: outputs within the
+// reference's bounds, nothing written that was not asked for, and the same
+// bits from every method and on every rank.
 std::string check_case(int rank, const arbiter_oob& oob, arbiter_workspace* workspace,
                        arbiter_dtype dtype, std::uint32_t tokens, std::uint32_t hidden, int variant,
                        std::uint64_t seed) {
@@ -208,27 +224,31 @@ std::string check_case(int rank, const arbiter_oob& oob, arbiter_workspace* work
   Buffers::fill(b.residual, dtype, b.count(), seed, 0.0f);
   Buffers::fill(b.gamma, dtype, hidden, seed + 99,
                 kVariants[variant].weight_bias == 0.0f ? 1.0f : 0.0f);
-  std::array<std::uint64_t, 3> hashes{};
-  for (arbiter_algorithm algorithm :
-       {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
-    const std::string where = describe(ws, dtype, tokens, hidden, variant, algorithm);
+  std::array<std::uint64_t, std::size(kMethods)> hashes{};
+  for (std::size_t m = 0; m < std::size(kMethods); ++m) {
+    const arbiter_algorithm algorithm = kMethods[m].algorithm;
+    const std::string where = describe(ws, dtype, tokens, hidden, variant, algorithm) +
+                              (kMethods[m].flags != 0 ? " (residual replicated)" : "");
     b.poison();
-    const arbiter_allreduce_args args = make_args(b, kVariants[variant], algorithm);
+    arbiter_allreduce_args args = make_args(b, kVariants[variant], algorithm);
+    args.flags = kMethods[m].flags;
     if (module.run(workspace, &args, nullptr) != ARBITER_OK) {
       return where + ": run: " + module.last_error();
     }
     if (const std::string stray = b.unrequested_untouched(args); !stray.empty()) {
       return where + ": " + stray + " although the call did not pass it";
     }
-    hashes[algorithm] = b.hash(args);
-    if (rank == 0 && algorithm == ARBITER_ALGORITHM_ONESHOT) {
+    hashes[m] = b.hash(args);
+    if (rank == 0 && m == 0) {
       const std::string problem = check_against_reference(b, args, ws, seed);
       if (!problem.empty()) return where + ": " + problem;
     }
   }
   const std::string where = describe(ws, dtype, tokens, hidden, variant, ARBITER_ALGORITHM_ONESHOT);
-  if (hashes[0] != hashes[1] || hashes[0] != hashes[2]) {
-    return where + ": one-shot, two-shot and native outputs differ in some bit";
+  for (std::size_t m = 1; m < std::size(kMethods); ++m) {
+    if (hashes[m] != hashes[0]) {
+      return where + ": " + method_name(kMethods[m]) + " and one-shot outputs differ in some bit";
+    }
   }
   std::vector<std::uint64_t> all(ws);
   if (oob.allgather(oob.ctx, &hashes[0], all.data(), sizeof(std::uint64_t), kTimeoutMs) !=
@@ -294,7 +314,10 @@ std::string model_shapes(int rank, const arbiter_oob& oob) {
 // small integers, different in every call and of changing sizes: a stale
 // element from an earlier call or a missed clear shows up as a wrong sum.
 // One-shot calls also run back to back: a two-shot call in between is a full
-// barrier and would hide races between consecutive Lamport stages.
+// barrier and would hide races between consecutive Lamport stages. One
+// two-shot call in eight declares the residual replicated (a zero residual
+// on every rank), so its sums come from their owners' staged outputs: a
+// fast rank's next call overwriting them early shows up as a wrong sum.
 std::string back_to_back(int rank, const arbiter_oob& oob) {
   constexpr arbiter_algorithm kSchedule[8] = {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_ONESHOT,
                                               ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT,
@@ -307,7 +330,8 @@ std::string back_to_back(int rank, const arbiter_oob& oob) {
   if (module.workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
     return std::string("workspace_create: ") + module.last_error();
   }
-  std::vector<std::uint16_t> input(9 * kHidden), output(9 * kHidden);
+  std::vector<std::uint16_t> input(9 * kHidden), output(9 * kHidden), norm(9 * kHidden);
+  const std::vector<std::uint16_t> zeros(9 * kHidden, 0), ones(kHidden, 0x3F80);
   for (int call = 0; call < 1000; ++call) {
     const std::uint32_t tokens = 1 + (call * 5) % 9;
     const std::size_t count = std::size_t{tokens} * kHidden;
@@ -323,6 +347,14 @@ std::string back_to_back(int rank, const arbiter_oob& oob) {
     args.hidden = kHidden;
     args.input = input.data();
     args.allreduce_out = output.data();
+    if (call % 8 == 6) {
+      args.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+      args.flags = ARBITER_RUN_RESIDUAL_REPLICATED;
+      args.residual_in = zeros.data();
+      args.gamma = ones.data();
+      args.eps = 1e-5f;
+      args.norm_out = norm.data();
+    }
     if (module.run(workspace, &args, nullptr) != ARBITER_OK) {
       return "call " + std::to_string(call) + ": " + module.last_error();
     }
@@ -497,16 +529,17 @@ std::string in_place_calls(int rank, const arbiter_oob& oob) {
     Buffers::fill(b.input, dtype, b.count(), 7 + rank, 0.0f);
     Buffers::fill(b.residual, dtype, b.count(), 5, 0.0f);
     Buffers::fill(b.gamma, dtype, kHidden, 3, 1.0f);
-    for (arbiter_algorithm algorithm :
-         {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
+    for (const Method& method : kMethods) {
+      const arbiter_algorithm algorithm = method.algorithm;
       for (std::size_t l = 0; l < std::size(arbiter::test::kInPlaceLayouts); ++l) {
         const arbiter::test::InPlaceLayout& layout = arbiter::test::kInPlaceLayouts[l];
-        const std::string where = std::string(dtype_name(dtype)) + " " + algorithm_name(algorithm) +
+        const std::string where = std::string(dtype_name(dtype)) + " " + method_name(method) +
                                   " layout " + std::to_string(l);
         const Variant separate{layout.pattern, layout.allreduce_out != Place::kNone,
                                layout.norm_out != Place::kNone, 0.0f};
         b.poison();
         arbiter_allreduce_args args = make_args(b, separate, algorithm);
+        args.flags = method.flags;
         if (layout.residual_out == Place::kNone) args.residual_out = nullptr;
         if (module.run(workspace, &args, nullptr) != ARBITER_OK) {
           return where + " (separate buffers): " + module.last_error();

@@ -40,7 +40,7 @@ struct CommunicatorOptions {
   // get one even where the tables fuse nothing (no cell, or `off`), so that
   // run_on() can measure what a table lacks (`arbiter bench`). Memory grows
   // with N for trtllm (three one-shot stages of world size x N per GPU); shm
-  // stops at (3 x world size + 1) x 1 MiB in /dev/shm and streams the rest.
+  // stops at (3 x world size + 5) x 1 MiB in /dev/shm and streams the rest.
   std::uint64_t fused_workspace_bytes = 0;
 };
 
