@@ -6,7 +6,9 @@
 
 // GCC 12 reports the self-initialised "undefined" vectors inside its own
 // AVX-512 intrinsics as maybe uninitialised once they are inlined here.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/rmsnorm.h"
 #include "arbiter_backend.h"
@@ -175,7 +179,11 @@ bool cpu_runs(const std::string& level) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   }
-  if (level == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (level == "avx2") {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
+  }
 #endif
   return level == "scalar" || level == "auto";
 }
