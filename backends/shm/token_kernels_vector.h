@@ -1,6 +1,7 @@
 // The per-token kernels of token_kernels.h, written once over a 16-lane
 // vector type and compiled by one translation unit per x86-64 level
-// (token_kernels_avx512.cpp, token_kernels_avx2.cpp).
+// (token_kernels_avx512bf16.cpp, token_kernels_avx512.cpp,
+// token_kernels_avx2.cpp).
 //
 // The arithmetic is the scalar reference's (arbiter/common/rmsnorm.h), step
 // for step, so both give the same bits:
