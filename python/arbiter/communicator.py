@@ -311,6 +311,8 @@ class Communicator:
         self._check(xv, "x", (tokens, hidden), elements)
         args = _library.CAllreduceArgs(pattern=int(pattern), dtype=int(self.dtype), tokens=tokens,
                                        hidden=hidden, input=xv.address)
+        if not isinstance(residual_replicated, bool):
+            raise _invalid(f"residual_replicated {residual_replicated!r} must be True or False")
         norm = pattern != Pattern.ALLREDUCE
         if norm:
             if residual is None or weight is None:
@@ -323,8 +325,6 @@ class Communicator:
                 raise _invalid(f"eps {eps!r} must be finite and >= 0")
             if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
                 raise _invalid(f"weight_bias {weight_bias!r} must be finite")
-            if not isinstance(residual_replicated, bool):
-                raise _invalid(f"residual_replicated {residual_replicated!r} must be True or False")
             args.residual_in, args.gamma = rv.address, wv.address
             args.eps, args.weight_bias = float(eps), float(weight_bias)
             args.flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
