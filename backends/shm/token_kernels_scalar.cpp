@@ -91,38 +91,22 @@ ARBITER_HOST_INLINE inline void epilogue_tokens_as(const arbiter_allreduce_args&
 
 void reduce_tokens(const arbiter_allreduce_args& args, const std::byte* const* rows,
                    std::int32_t ranks, std::size_t first, std::size_t count, float* row) {
-  switch (args.dtype) {
-    case ARBITER_DTYPE_FP16:
-      return reduce_tokens_as<ARBITER_DTYPE_FP16>(args, rows, ranks, first, count, row);
-    case ARBITER_DTYPE_BF16:
-      return reduce_tokens_as<ARBITER_DTYPE_BF16>(args, rows, ranks, first, count, row);
-    default:
-      return reduce_tokens_as<ARBITER_DTYPE_FP32>(args, rows, ranks, first, count, row);
-  }
+  common::with_dtype(args.dtype, [&](auto d) {
+    reduce_tokens_as<decltype(d)::value>(args, rows, ranks, first, count, row);
+  });
 }
 
 void epilogue_tokens(const arbiter_allreduce_args& args, const void* sums, std::size_t first,
                      std::size_t count, float* row) {
-  switch (args.dtype) {
-    case ARBITER_DTYPE_FP16:
-      return epilogue_tokens_as<ARBITER_DTYPE_FP16>(args, sums, first, count, row);
-    case ARBITER_DTYPE_BF16:
-      return epilogue_tokens_as<ARBITER_DTYPE_BF16>(args, sums, first, count, row);
-    default:
-      return epilogue_tokens_as<ARBITER_DTYPE_FP32>(args, sums, first, count, row);
-  }
+  common::with_dtype(args.dtype, [&](auto d) {
+    epilogue_tokens_as<decltype(d)::value>(args, sums, first, count, row);
+  });
 }
 
 void sum_elements(arbiter_dtype dtype, const std::byte* const* inputs, std::int32_t ranks,
                   std::size_t begin, std::size_t end, void* out) {
-  switch (dtype) {
-    case ARBITER_DTYPE_FP16:
-      return sum_elements_as<ARBITER_DTYPE_FP16>(inputs, ranks, begin, end, out);
-    case ARBITER_DTYPE_BF16:
-      return sum_elements_as<ARBITER_DTYPE_BF16>(inputs, ranks, begin, end, out);
-    default:
-      return sum_elements_as<ARBITER_DTYPE_FP32>(inputs, ranks, begin, end, out);
-  }
+  common::with_dtype(
+      dtype, [&](auto d) { sum_elements_as<decltype(d)::value>(inputs, ranks, begin, end, out); });
 }
 
 }  // namespace

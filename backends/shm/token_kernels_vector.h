@@ -223,14 +223,9 @@ ARBITER_SHM_VECTOR_TARGET void reduce_tokens(const arbiter_allreduce_args& args,
   if (args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
     return kScalarKernels.reduce_tokens(args, rows, ranks, first, count, row);
   }
-  switch (args.dtype) {
-    case ARBITER_DTYPE_FP16:
-      return reduce_tokens_as<ARBITER_DTYPE_FP16>(args, rows, ranks, first, count, row);
-    case ARBITER_DTYPE_BF16:
-      return reduce_tokens_as<ARBITER_DTYPE_BF16>(args, rows, ranks, first, count, row);
-    default:
-      return reduce_tokens_as<ARBITER_DTYPE_FP32>(args, rows, ranks, first, count, row);
-  }
+  common::with_dtype(args.dtype, [&](auto d) {
+    reduce_tokens_as<decltype(d)::value>(args, rows, ranks, first, count, row);
+  });
 }
 
 ARBITER_SHM_VECTOR_TARGET void epilogue_tokens(const arbiter_allreduce_args& args, const void* sums,
@@ -238,27 +233,16 @@ ARBITER_SHM_VECTOR_TARGET void epilogue_tokens(const arbiter_allreduce_args& arg
   if (args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
     return kScalarKernels.epilogue_tokens(args, sums, first, count, row);
   }
-  switch (args.dtype) {
-    case ARBITER_DTYPE_FP16:
-      return epilogue_tokens_as<ARBITER_DTYPE_FP16>(args, sums, first, count, row);
-    case ARBITER_DTYPE_BF16:
-      return epilogue_tokens_as<ARBITER_DTYPE_BF16>(args, sums, first, count, row);
-    default:
-      return epilogue_tokens_as<ARBITER_DTYPE_FP32>(args, sums, first, count, row);
-  }
+  common::with_dtype(args.dtype, [&](auto d) {
+    epilogue_tokens_as<decltype(d)::value>(args, sums, first, count, row);
+  });
 }
 
 ARBITER_SHM_VECTOR_TARGET void sum_elements(arbiter_dtype dtype, const std::byte* const* inputs,
                                             std::int32_t ranks, std::size_t begin, std::size_t end,
                                             void* out) {
-  switch (dtype) {
-    case ARBITER_DTYPE_FP16:
-      return sum_elements_as<ARBITER_DTYPE_FP16>(inputs, ranks, begin, end, out);
-    case ARBITER_DTYPE_BF16:
-      return sum_elements_as<ARBITER_DTYPE_BF16>(inputs, ranks, begin, end, out);
-    default:
-      return sum_elements_as<ARBITER_DTYPE_FP32>(inputs, ranks, begin, end, out);
-  }
+  common::with_dtype(
+      dtype, [&](auto d) { sum_elements_as<decltype(d)::value>(inputs, ranks, begin, end, out); });
 }
 
 }  // namespace arbiter::shm::ARBITER_SHM_VECTOR_ISA

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "arbiter/common/bits.h"
 #include "arbiter/common/host_device.h"
@@ -86,6 +87,21 @@ ARBITER_HD constexpr std::size_t dtype_size(arbiter_dtype dtype) {
 
 ARBITER_HD constexpr bool is_valid_dtype(std::int64_t dtype) {
   return dtype == ARBITER_DTYPE_FP16 || dtype == ARBITER_DTYPE_BF16 || dtype == ARBITER_DTYPE_FP32;
+}
+
+// Host code: calls body(std::integral_constant<arbiter_dtype, D>{}) for the
+// runtime `dtype` (anything but fp16 and bf16 as fp32: callers have checked
+// it), so that a template over the dtype is instantiated once per dtype.
+template <class Body>
+decltype(auto) with_dtype(arbiter_dtype dtype, Body&& body) {
+  switch (dtype) {
+    case ARBITER_DTYPE_FP16:
+      return body(std::integral_constant<arbiter_dtype, ARBITER_DTYPE_FP16>{});
+    case ARBITER_DTYPE_BF16:
+      return body(std::integral_constant<arbiter_dtype, ARBITER_DTYPE_BF16>{});
+    default:
+      return body(std::integral_constant<arbiter_dtype, ARBITER_DTYPE_FP32>{});
+  }
 }
 
 // The storage bits of `value` in `dtype` (16-bit types in the low half).
