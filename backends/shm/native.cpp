@@ -43,9 +43,8 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
 
   arbiter_allreduce_args norm_args = args;
   if (sum_in_place) norm_args.allreduce_out = nullptr;  // already written above
-  if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
   workspace.kernels().epilogue_tokens(norm_args, sums, 0, args.tokens,
-                                      workspace.accumulator.data());
+                                      workspace.row_scratch(hidden));
   return {};
 }
 

@@ -42,8 +42,7 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   // distinct, so equality is a test that cannot wrap.
   const auto published = static_cast<std::uint32_t>(call + 1);
 
-  if (workspace.accumulator.size() < hidden) workspace.accumulator.resize(hidden);
-  float* row = workspace.accumulator.data();
+  float* row = workspace.row_scratch(hidden);
   // Each rank's slot of this parity; a row of peer q is slots[q] + t * row_bytes.
   const std::byte* slots[kMaxRanks];
   for (std::int32_t q = 0; q < ranks; ++q) slots[q] = workspace.oneshot_slot(parity, q);

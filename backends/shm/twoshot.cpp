@@ -21,7 +21,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "algorithms.h"
 #include "arbiter/common/numeric.h"
@@ -54,11 +53,8 @@ std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_
 Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& args,
                          std::uint32_t first, std::uint32_t end, Backoff& backoff) {
   const std::int32_t ranks = workspace.world_size();
-  const std::byte* inputs[kMaxRanks];
-  for (std::int32_t q = 0; q < ranks; ++q) inputs[q] = workspace.twoshot_input(q);
-  if (workspace.accumulator.size() < args.hidden) workspace.accumulator.resize(args.hidden);
-  workspace.kernels().reduce_tokens(args, inputs, ranks, first, end - first,
-                                    workspace.accumulator.data());
+  workspace.kernels().reduce_tokens(args, workspace.twoshot_inputs(), ranks, first, end - first,
+                                    workspace.row_scratch(args.hidden));
   const auto outputs = staged_outputs(args);
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     if (outputs[k].buffer == nullptr) continue;
@@ -110,9 +106,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;
 
-  std::vector<float>& row = workspace.accumulator;
-  if (row.size() < hidden) row.resize(hidden);
-  workspace.kernels().epilogue_tokens(args, sums, 0, args.tokens, row.data());
+  workspace.kernels().epilogue_tokens(args, sums, 0, args.tokens, workspace.row_scratch(hidden));
   return {};
 }
 

@@ -21,7 +21,11 @@ Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::i
       world_size_(world_size),
       dtype_(dtype),
       timeout_ms_(timeout_ms),
-      kernels_(kernels) {}
+      kernels_(kernels) {
+  for (std::int32_t peer = 0; peer < world_size; ++peer) {
+    twoshot_inputs_.push_back(twoshot_input(peer));
+  }
+}
 
 // The object was unlinked at creation, so the memory goes away with the last
 // rank's unmap; no rank has to wait for the others here.
@@ -117,10 +121,7 @@ Status Workspace::usable() {
 }
 
 void Workspace::sum_inputs(std::size_t begin, std::size_t end, void* out) {
-  std::vector<const std::byte*>& inputs = input_pointers_;
-  inputs.resize(static_cast<std::size_t>(world_size()));
-  for (std::int32_t peer = 0; peer < world_size(); ++peer) inputs[peer] = twoshot_input(peer);
-  kernels_.sum_elements(dtype(), inputs.data(), world_size(), begin, end, out);
+  kernels_.sum_elements(dtype(), twoshot_inputs(), world_size(), begin, end, out);
 }
 
 }  // namespace arbiter::shm

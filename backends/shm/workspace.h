@@ -45,6 +45,8 @@ class Workspace {
   // Ranks asleep on a futex in this mapping (futex.h).
   std::uint32_t* sleepers() { return &header().sleepers; }
   std::byte* twoshot_input(std::int32_t rank);
+  // Every rank's two-shot input, in rank order (fixed for the workspace).
+  const std::byte* const* twoshot_inputs() const { return twoshot_inputs_.data(); }
   std::byte* sums();
   // Staging for output `index` (0 allreduce_out, 1 residual_out, 2 norm_out,
   // 3 quant_out) of a replicated two-shot slice.
@@ -73,8 +75,13 @@ class Workspace {
   std::uint64_t oneshot_calls = 0;
   std::uint64_t calls = 0;  // run() calls so far, for messages
 
-  // Host scratch reused across calls (grown, never shrunk).
-  std::vector<float> accumulator;
+  // A row of `hidden` floats of host scratch for the kernels (grown, never
+  // shrunk, so calls of one shape allocate once).
+  float* row_scratch(std::uint32_t hidden) {
+    if (row_scratch_.size() < hidden) row_scratch_.resize(hidden);
+    return row_scratch_.data();
+  }
+  // Host scratch for the unfused path's sums (grown, never shrunk).
   std::vector<std::byte> sum_buffer;
 
  private:
@@ -86,8 +93,8 @@ class Workspace {
   std::int64_t timeout_ms_;
   const TokenKernels& kernels_;
   std::uint32_t barrier_flag_ = 0;
-  // Scratch for sum_inputs(); sized once, so calls do not allocate.
-  std::vector<const std::byte*> input_pointers_;
+  std::vector<const std::byte*> twoshot_inputs_;
+  std::vector<float> row_scratch_;
 };
 
 // Collective over oob: see workspace_create.cpp.
