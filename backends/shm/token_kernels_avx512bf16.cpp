@@ -73,6 +73,14 @@ struct Lanes : Avx512Lanes {
     _mm256_storeu_si256(static_cast<__m256i*>(p), bf16);
     return widen(bf16);
   }
+
+  // Rounds 32 values at once; see Avx512Lanes::round_two.
+  ARBITER_SHM_LANES_INLINE Packed round_two(F a, F b) {
+    if ((_mm512_fpclass_ps_mask(a, 0xA1) | _mm512_fpclass_ps_mask(b, 0xA1)) != 0) {
+      return Avx512Lanes::round_two(a, b);
+    }
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+  }
 };
 
 }  // namespace arbiter::shm::avx512bf16

@@ -26,6 +26,8 @@
 //                              round<D>, store<D> (of a rounded value),
 //                              store_rounded<D> (of any value),
 //                              round_and_store<D> (stores, returns round)
+//                              and, optionally, the bf16 pair operations
+//                              of Bf16PairLanes (below)
 // and gets, in that namespace, the three entry points of TokenKernels. No
 // include guard: each including file includes it once, in its own
 // namespace, compiled for its own level.
@@ -94,6 +96,95 @@ ARBITER_SHM_VECTOR_INLINE float element_sum(const StoredSums& source, std::size_
   return common::dtype_bits_to_float(static_cast<const Bits<kDtype>*>(source.sums)[index], kDtype);
 }
 
+// A Lanes type that also takes bf16 32 at a time (token_lanes_avx512.h):
+// load_pair, round_two, unpack, block, store_pair, store_words. The epilogue
+// then runs bf16 rows 32 elements at a step, with the same arithmetic in the
+// same order, and blocks of 16 after that.
+template <class L>
+concept Bf16PairLanes = requires(typename L::F f, typename L::Packed packed) {
+  L::load_pair(nullptr);
+  L::round_two(f, f);
+  L::unpack(packed);
+  L::block(packed, 0);
+  L::store_pair(nullptr, packed);
+  L::store_words(nullptr, packed);
+};
+
+template <class L>
+ARBITER_SHM_VECTOR_INLINE typename L::Pair pair_sum(const RankRows& source, std::size_t index) {
+  const auto* first = reinterpret_cast<const std::uint16_t*>(source.rows[0]) + index;
+  const typename L::Pair p0 = L::load_pair(first);
+  typename L::Pair sum{L::add(L::zero(), p0.even), L::add(L::zero(), p0.odd)};
+  for (std::int32_t q = 1; q < source.ranks; ++q) {
+    const typename L::Pair p =
+        L::load_pair(reinterpret_cast<const std::uint16_t*>(source.rows[q]) + index);
+    sum = {L::add(sum.even, p.even), L::add(sum.odd, p.odd)};
+  }
+  return sum;
+}
+
+template <class L>
+ARBITER_SHM_VECTOR_INLINE typename L::Pair pair_sum(const StoredSums& source, std::size_t index) {
+  return L::load_pair(static_cast<const std::uint16_t*>(source.sums) + index);
+}
+
+// Stores the rounded sums of bf16 elements [begin, begin + 32 n) at
+// out + (i - base), n the most that fit before `end`; returns begin + 32 n.
+template <class L, class Source>
+ARBITER_SHM_VECTOR_INLINE std::size_t sum_pairs(const Source& source, std::size_t base,
+                                                std::size_t begin, std::size_t end,
+                                                std::uint16_t* out) {
+  std::size_t i = begin;
+  for (; i + 2 * kBlock <= end; i += 2 * kBlock) {
+    const typename L::Pair sum = pair_sum<L>(source, base + i);
+    L::store_pair(out + i, L::round_two(sum.even, sum.odd));
+  }
+  return i;
+}
+
+// Pass 1 of the epilogue (below) on bf16 elements [0, 32 n) of a token, n
+// the most that fit in `whole`, 32 at a step; returns 32 n.
+template <class L, class Source>
+ARBITER_SHM_VECTOR_INLINE std::uint32_t residual_pairs(
+    const Source& source, std::size_t base, std::uint32_t whole, const std::uint16_t* residual_in,
+    std::uint16_t* allreduce_out, std::uint16_t* residual_out, float* row, typename L::F& squares) {
+  std::uint32_t i = 0;
+  for (; i + 2 * kBlock <= whole; i += 2 * kBlock) {
+    const typename L::Pair residual = L::load_pair(residual_in + i);
+    const typename L::Pair unrounded_sum = pair_sum<L>(source, base + i);
+    const typename L::Packed sum = L::round_two(unrounded_sum.even, unrounded_sum.odd);
+    if (allreduce_out != nullptr) L::store_pair(allreduce_out + i, sum);
+    const typename L::Pair rounded_sum = L::unpack(sum);
+    const typename L::Packed x = L::round_two(L::add(rounded_sum.even, residual.even),
+                                              L::add(rounded_sum.odd, residual.odd));
+    if (residual_out != nullptr) L::store_pair(residual_out + i, x);
+    const typename L::F low = L::block(x, 0);
+    const typename L::F high = L::block(x, 1);
+    L::store_f32(row + i, low);
+    L::store_f32(row + i + kBlock, high);
+    squares = L::add(squares, L::mul(low, low));
+    squares = L::add(squares, L::mul(high, high));
+  }
+  return i;
+}
+
+// Pass 2 (no FP8) on bf16 elements [0, 32 n), likewise; returns 32 n.
+template <class L>
+ARBITER_SHM_VECTOR_INLINE std::uint32_t norm_pairs(std::uint32_t whole, const float* row,
+                                                   const std::uint16_t* gamma, typename L::F inv,
+                                                   typename L::F bias, std::uint16_t* norm_out) {
+  std::uint32_t i = 0;
+  for (; i + 2 * kBlock <= whole; i += 2 * kBlock) {
+    const typename L::F low = L::mul(L::mul(L::load_f32(row + i), inv),
+                                     L::add(L::template load<ARBITER_DTYPE_BF16>(gamma + i), bias));
+    const typename L::F high =
+        L::mul(L::mul(L::load_f32(row + i + kBlock), inv),
+               L::add(L::template load<ARBITER_DTYPE_BF16>(gamma + i + kBlock), bias));
+    L::store_words(norm_out + i, L::round_two(low, high));
+  }
+  return i;
+}
+
 // The epilogue of `args` for token `token`, its sums read from `source`.
 // `row` (hidden floats) is scratch.
 template <arbiter_dtype kDtype, class Source>
@@ -109,10 +200,14 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
 
   if (!common::pattern_has_norm(args.pattern)) {
     if (allreduce_out == nullptr) return;
-    for (std::uint32_t i = 0; i < whole; i += kBlock) {
+    std::uint32_t i = 0;
+    if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
+      i = static_cast<std::uint32_t>(sum_pairs<Lanes>(source, base, 0, whole, allreduce_out));
+    }
+    for (; i < whole; i += kBlock) {
       Lanes::store_rounded<kDtype>(allreduce_out + i, block_sum<kDtype>(source, base + i));
     }
-    for (std::uint32_t i = whole; i < hidden; ++i) {
+    for (i = whole; i < hidden; ++i) {
       allreduce_out[i] =
           static_cast<B>(common::to_storage_bits<kDtype>(element_sum<kDtype>(source, base + i)));
     }
@@ -126,7 +221,12 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
 
   // Pass 1: sum, residual, sum of squares; x kept in `row`.
   F squares = Lanes::zero();
-  for (std::uint32_t i = 0; i < whole; i += kBlock) {
+  std::uint32_t i = 0;
+  if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
+    i = residual_pairs<Lanes>(source, base, whole, residual_in, allreduce_out, residual_out, row,
+                              squares);
+  }
+  for (; i < whole; i += kBlock) {
     const F residual = Lanes::load<kDtype>(residual_in + i);
     const F unrounded_sum = block_sum<kDtype>(source, base + i);
     const F sum = allreduce_out != nullptr
@@ -141,7 +241,7 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   }
   float partial[kBlock];
   Lanes::spill(squares, partial);
-  for (std::uint32_t i = whole; i < hidden; ++i) {
+  for (i = whole; i < hidden; ++i) {
     const float residual = common::dtype_bits_to_float(residual_in[i], kDtype);
     const float sum = common::rounded_to<kDtype>(element_sum<kDtype>(source, base + i));
     if (allreduce_out != nullptr) {
@@ -161,7 +261,12 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   const bool quantize = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
   const F inv = Lanes::splat(inv_rms);
   const F bias = Lanes::splat(args.weight_bias);
-  for (std::uint32_t i = 0; i < whole; i += kBlock) {
+  i = 0;
+  if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
+    if (!quantize && norm_out != nullptr)
+      i = norm_pairs<Lanes>(whole, row, gamma, inv, bias, norm_out);
+  }
+  for (; i < whole; i += kBlock) {
     const F weight = Lanes::add(Lanes::load<kDtype>(gamma + i), bias);
     const F unrounded = Lanes::mul(Lanes::mul(Lanes::load_f32(row + i), inv), weight);
     if (quantize) {
@@ -172,7 +277,7 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
       Lanes::store_rounded<kDtype>(norm_out + i, unrounded);
     }
   }
-  for (std::uint32_t i = whole; i < hidden; ++i) {
+  for (i = whole; i < hidden; ++i) {
     const float weight = common::dtype_bits_to_float(gamma[i], kDtype) + args.weight_bias;
     const float y = common::rounded_to<kDtype>(row[i] * inv_rms * weight);
     if (norm_out != nullptr) norm_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(y));
@@ -207,6 +312,9 @@ ARBITER_SHM_VECTOR_TARGET void sum_elements_as(const std::byte* const* inputs, s
   const RankRows source{inputs, ranks};
   auto* stored = static_cast<Bits<kDtype>*>(out);
   std::size_t i = begin;
+  if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
+    i = sum_pairs<Lanes>(source, 0, begin, end, stored);
+  }
   for (; i + kBlock <= end; i += kBlock) {
     Lanes::store_rounded<kDtype>(stored + i, block_sum<kDtype>(source, i));
   }

@@ -29,7 +29,9 @@ using namespace arbiter::test::shm_harness;
 namespace {
 
 constexpr std::uint32_t kTokens = 3;
-constexpr std::uint32_t kHidden = 1000;  // 62 blocks of 16 and a tail of 8
+// 63 blocks of 16 and a tail of 8: the AVX-512 BF16 kernels take bf16 32 at
+// a step (token_kernels_avx512bf16.cpp), then one block of 16, then scalars.
+constexpr std::uint32_t kHidden = 1016;
 
 // Bit patterns of `dtype` worth testing, in storage bits.
 std::vector<std::uint32_t> special_bits(arbiter_dtype dtype) {
@@ -46,8 +48,10 @@ std::vector<std::uint32_t> special_bits(arbiter_dtype dtype) {
 }
 
 // Rank `rank`'s input: token 0 mixes every special pattern into ordinary
-// values, token 1 is ordinary values, token 2 is the largest finite values
-// (their sums overflow).
+// values (its 1 / rms is NaN), token 1 is ordinary values with a subnormal
+// every 89 elements, in either half of a step of 32 (a finite 1 / rms, so
+// some outputs are subnormal and their neighbours are not), token 2 is the
+// largest finite values (their sums overflow).
 std::vector<std::byte> input_of(arbiter_dtype dtype, int rank) {
   const std::vector<std::uint32_t> specials = special_bits(dtype);
   std::vector<std::byte> input(std::size_t{kTokens} * kHidden * dtype_size(dtype));
@@ -57,6 +61,7 @@ std::vector<std::byte> input_of(arbiter_dtype dtype, int rank) {
     if (i % 5 == static_cast<std::uint32_t>(rank)) bits = specials[(i / 5) % specials.size()];
     store_bits(input.data(), i, dtype, bits);
     store_element(input.data(), kHidden + i, dtype, ordinary * (rank + 1));
+    if (i % 89 == 3) store_bits(input.data(), kHidden + i, dtype, 3u + i % 2);
     store_bits(input.data(), 2 * kHidden + i, dtype, specials[9 + (i + rank) % 2]);
   }
   return input;
