@@ -78,7 +78,9 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
       }
       backoff.progress();
     }
-    workspace.kernels().reduce_tokens(args, slots, ranks, first, tokens, row);
+    workspace.kernels().reduce_tokens(
+        args, workspace.rows_for_kernels(slots, args.input, first, tokens, row_bytes), ranks, first,
+        tokens, row);
   }
   return {};
 }

@@ -53,8 +53,12 @@ std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_
 Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& args,
                          std::uint32_t first, std::uint32_t end, Backoff& backoff) {
   const std::int32_t ranks = workspace.world_size();
-  workspace.kernels().reduce_tokens(args, workspace.twoshot_inputs(), ranks, first, end - first,
-                                    workspace.row_scratch(args.hidden));
+  const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(args.dtype);
+  workspace.kernels().reduce_tokens(
+      args,
+      workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input, first, end - first,
+                                 row_bytes),
+      ranks, first, end - first, workspace.row_scratch(args.hidden));
   const auto outputs = staged_outputs(args);
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     if (outputs[k].buffer == nullptr) continue;

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstring>
 #include <string>
 
 #include "arbiter/common/numeric.h"
@@ -47,6 +48,29 @@ std::uint32_t* Workspace::oneshot_sequence(std::uint32_t parity, std::int32_t ra
 std::byte* Workspace::twoshot_input(std::int32_t rank) {
   return static_cast<std::byte*>(base_) + layout_.twoshot_inputs +
          static_cast<std::size_t>(rank) * layout_.slot_stride;
+}
+
+const std::byte* const* Workspace::rows_for_kernels(const std::byte* const* shared, const void* own,
+                                                    std::size_t first, std::size_t count,
+                                                    std::size_t row_bytes) {
+  const std::size_t bytes = count * row_bytes;
+  if (bytes > kLocalRowBytes) return shared;
+  if (local_rows_.empty()) {
+    local_rows_.resize(kLocalRowBytes * static_cast<std::size_t>(world_size_));
+  }
+  for (std::int32_t q = 0; q < world_size_; ++q) {
+    if (q == rank_) {
+      kernel_rows_[q] = static_cast<const std::byte*>(own);
+      continue;
+    }
+    std::byte* copy = local_rows_.data() + static_cast<std::size_t>(q) * kLocalRowBytes;
+    std::memcpy(copy, shared[q] + first * row_bytes, bytes);
+    // The kernels index rows from token 0: the address `first` rows before
+    // the copy (computed as an integer; only rows from `first` on are read).
+    kernel_rows_[q] = reinterpret_cast<const std::byte*>(reinterpret_cast<std::uintptr_t>(copy) -
+                                                         first * row_bytes);
+  }
+  return kernel_rows_.data();
 }
 
 std::byte* Workspace::sums() { return static_cast<std::byte*>(base_) + layout_.sums; }
