@@ -1,10 +1,10 @@
 // The shm kernels for AVX-512 with BF16 (Cooper Lake, Sapphire Rapids, Zen 4
 // and later): the AVX-512 kernels, except that bf16 values are rounded and
-// packed by vcvtneps2bf16, one instruction where the integer rounding takes
-// seven. It rounds to nearest even like the reference, but it treats a
-// subnormal input as zero and keeps a NaN's payload; a block holding either
-// (vfpclassps says) takes the AVX-512 integer path, so the bits stay the
-// reference's.
+// packed by vcvtneps2bf16 (16 at a time) and vcvtne2ps2bf16 (32), one
+// instruction where the integer rounding takes seven per 16. It rounds to
+// nearest even like the reference, but it treats a subnormal input as zero
+// and keeps a NaN's payload; a block holding either (vfpclassps says) takes
+// the AVX-512 integer path, so the bits stay the reference's.
 #include "token_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

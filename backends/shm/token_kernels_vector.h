@@ -128,8 +128,9 @@ ARBITER_SHM_VECTOR_INLINE typename L::Pair pair_sum(const StoredSums& source, st
   return L::load_pair(static_cast<const std::uint16_t*>(source.sums) + index);
 }
 
-// Stores the rounded sums of bf16 elements [begin, begin + 32 n) at
-// out + (i - base), n the most that fit before `end`; returns begin + 32 n.
+// For i in [begin, begin + 32 n), n the most that fit before `end`: the
+// rounded sum of element base + i of `source`, stored at out + i. Returns
+// begin + 32 n.
 template <class L, class Source>
 ARBITER_SHM_VECTOR_INLINE std::size_t sum_pairs(const Source& source, std::size_t base,
                                                 std::size_t begin, std::size_t end,

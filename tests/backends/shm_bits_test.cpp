@@ -29,8 +29,8 @@ using namespace arbiter::test::shm_harness;
 namespace {
 
 constexpr std::uint32_t kTokens = 3;
-// 63 blocks of 16 and a tail of 8: the AVX-512 BF16 kernels take bf16 32 at
-// a step (token_kernels_avx512bf16.cpp), then one block of 16, then scalars.
+// 63 blocks of 16 and a tail of 8: the AVX-512 kernels take bf16 32 at a
+// step (token_lanes_avx512.h), then one block of 16, then scalars.
 constexpr std::uint32_t kHidden = 1016;
 
 // Bit patterns of `dtype` worth testing, in storage bits.
