@@ -35,7 +35,7 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
     if (workspace.sum_buffer.size() < bytes) workspace.sum_buffer.resize(bytes);
     sums = workspace.sum_buffer.data();
   }
-  workspace.sum_inputs(0, elements, sums);
+  workspace.sum_inputs(workspace.twoshot_inputs(), 0, elements, sums);
   // Nobody may overwrite its input copy (next call) while another rank sums.
   status = workspace.barrier(backoff, "native barrier 2 (inputs read)");
   if (!status.ok()) return status;

@@ -88,25 +88,31 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const arbiter_dtype dtype = workspace.dtype();
   const std::int32_t ranks = workspace.world_size();
   const std::uint32_t hidden = args.hidden;
-  const std::size_t elements = static_cast<std::size_t>(args.tokens) * hidden;
+  const std::size_t row_bytes = std::size_t{hidden} * common::dtype_size(dtype);
+  const auto rank = static_cast<std::uint32_t>(workspace.rank());
+  const std::uint32_t first = common::slice_begin(args.tokens, ranks, rank);
+  const std::uint32_t end = common::slice_end(args.tokens, ranks, rank);
 
-  // A plain copy: the barrier orders it before every peer's reads, and the
-  // sums start from +0.0 (token_kernels.h), so -0.0 needs no sanitising.
-  std::memcpy(workspace.twoshot_input(workspace.rank()), args.input,
-              elements * common::dtype_size(dtype));
+  // Only the other ranks' slices: this rank's own slice is read by nobody
+  // else, and it reads it from args.input. A plain copy: the barrier orders
+  // it before every peer's reads, and the sums start from +0.0
+  // (token_kernels.h), so -0.0 needs no sanitising.
+  std::byte* const copy = workspace.twoshot_input(workspace.rank());
+  const auto* input = static_cast<const std::byte*>(args.input);
+  std::memcpy(copy, input, first * row_bytes);
+  std::memcpy(copy + end * row_bytes, input + end * row_bytes, (args.tokens - end) * row_bytes);
   Backoff backoff = workspace.start_call();
   Status status = workspace.barrier(backoff, "two-shot barrier 1 (inputs copied)");
   if (!status.ok()) return status;
 
-  const auto rank = static_cast<std::uint32_t>(workspace.rank());
-  const std::uint32_t first = common::slice_begin(args.tokens, ranks, rank);
-  const std::uint32_t end = common::slice_end(args.tokens, ranks, rank);
   if ((args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
       common::pattern_has_norm(args.pattern)) {
     return finish_replicated(workspace, args, first, end, backoff);
   }
   std::byte* sums = workspace.sums();
-  workspace.sum_inputs(std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
+  workspace.sum_inputs(workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input, first,
+                                                  end - first, row_bytes),
+                       std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;
 

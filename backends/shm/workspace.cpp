@@ -54,13 +54,13 @@ const std::byte* const* Workspace::rows_for_kernels(const std::byte* const* shar
                                                     std::size_t first, std::size_t count,
                                                     std::size_t row_bytes) {
   const std::size_t bytes = count * row_bytes;
-  if (bytes > kLocalRowBytes) return shared;
-  if (local_rows_.empty()) {
+  const bool copy_peers = bytes <= kLocalRowBytes;
+  if (copy_peers && local_rows_.empty()) {
     local_rows_.resize(kLocalRowBytes * static_cast<std::size_t>(world_size_));
   }
   for (std::int32_t q = 0; q < world_size_; ++q) {
-    if (q == rank_) {
-      kernel_rows_[q] = static_cast<const std::byte*>(own);
+    if (q == rank_ || !copy_peers) {
+      kernel_rows_[q] = q == rank_ ? static_cast<const std::byte*>(own) : shared[q];
       continue;
     }
     std::byte* copy = local_rows_.data() + static_cast<std::size_t>(q) * kLocalRowBytes;
@@ -144,8 +144,9 @@ Status Workspace::usable() {
                                    "longer be used (destroy it and create a new one)"};
 }
 
-void Workspace::sum_inputs(std::size_t begin, std::size_t end, void* out) {
-  kernels_.sum_elements(dtype(), twoshot_inputs(), world_size(), begin, end, out);
+void Workspace::sum_inputs(const std::byte* const* rows, std::size_t begin, std::size_t end,
+                           void* out) {
+  kernels_.sum_elements(dtype(), rows, world_size(), begin, end, out);
 }
 
 }  // namespace arbiter::shm

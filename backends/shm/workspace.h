@@ -51,22 +51,23 @@ class Workspace {
   // Staging for output `index` (0 allreduce_out, 1 residual_out, 2 norm_out,
   // 3 quant_out) of a replicated two-shot slice.
   std::byte* staged_output(std::size_t index);
-  // Elements [begin, end) of every rank's two-shot input, summed in fp32 in
-  // rank order and stored as the workspace's dtype into `out` (same indices):
-  // the one summation two-shot and the unfused path share.
-  void sum_inputs(std::size_t begin, std::size_t end, void* out);
+  // Elements [begin, end) of every rank's input (`rows`, as twoshot_inputs()
+  // or rows_for_kernels() give them), summed in fp32 in rank order and
+  // stored as the workspace's dtype into `out` (same indices): the one
+  // summation two-shot and the unfused path share.
+  void sum_inputs(const std::byte* const* rows, std::size_t begin, std::size_t end, void* out);
 
   // What the kernels read for tokens [first, first + count) of every rank,
   // as the `rows` of TokenKernels: rank q's token t at result[q] + t x
-  // row_bytes, where `shared[q]` holds it in the mapping. A peer's rows of
-  // at most kLocalRowBytes are first copied into host scratch, one memcpy
-  // per peer, which fetches the lines from the peer's core many at a time;
-  // the kernel's own loads come one line per 32 bf16 values amid the
-  // arithmetic. This rank's own rows are read from `own`, its input (the
-  // same bytes, in its cache). 4 KiB one-shot, 2 ranks, eight interleaved
-  // runs: median 1.6 us against 1.75, and 2.8-3.2 us against 3.6-5.0 while
-  // the VM's cores were contended; from 16 KiB on the extra pass costs as
-  // much as it saves, and more at 64 KiB.
+  // row_bytes. This rank's rows come from `own`, its input (in its cache,
+  // and two-shot does not copy its own slice in); a peer's from `shared[q]`
+  // in the mapping, except that rows of at most kLocalRowBytes are first
+  // copied into host scratch, one memcpy per peer, which fetches the lines
+  // from the peer's core many at a time where the kernel's own loads come
+  // one line per 32 bf16 values amid the arithmetic. 4 KiB one-shot, 2
+  // ranks, eight interleaved runs: median 1.6 us against 1.75, and 2.8-3.2
+  // us against 3.6-5.0 while the VM's cores were contended; from 16 KiB on
+  // the extra pass costs as much as it saves, and more at 64 KiB.
   const std::byte* const* rows_for_kernels(const std::byte* const* shared, const void* own,
                                            std::size_t first, std::size_t count,
                                            std::size_t row_bytes);
