@@ -2,6 +2,7 @@
 #include "token_kernels.h"
 
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -40,6 +41,9 @@ bool cpu_has_avx2() {
 #endif
 }
 
+// Every level, widest first; scalar runs anywhere.
+constexpr const char* kLevels[] = {"avx512bf16", "avx512", "avx2", "scalar"};
+
 // The kernels named `name` if this build has them and this CPU runs them.
 const TokenKernels* runnable(const std::string& name) {
   if (name == "avx512bf16") return cpu_has_avx512bf16() ? avx512bf16_kernels() : nullptr;
@@ -53,26 +57,26 @@ const TokenKernels* runnable(const std::string& name) {
 Status choose_token_kernels(const char* request, const TokenKernels** out) {
   const std::string name = request == nullptr ? "" : request;
   if (name.empty() || name == "auto") {
-    for (const char* level : {"avx512bf16", "avx512", "avx2"}) {
+    for (const char* level : kLevels) {
       if (const TokenKernels* kernels = runnable(level); kernels != nullptr) {
         *out = kernels;
         return {};
       }
     }
-    *out = &kScalarKernels;
-    return {};
   }
-  if (name != "avx512bf16" && name != "avx512" && name != "avx2" && name != "scalar") {
-    return {ARBITER_INVALID_ARGUMENT, "ARBITER_SHM_ISA='" + name +
-                                          "' is not a level; use auto, avx512bf16, avx512, avx2 "
-                                          "or scalar"};
+  std::string levels, have;
+  bool known = false;
+  for (const char* level : kLevels) {
+    known = known || name == level;
+    levels += std::string(level == kLevels[std::size(kLevels) - 1] ? " or " : ", ") + level;
+    if (runnable(level) != nullptr) have += std::string(have.empty() ? "" : ", ") + level;
+  }
+  if (!known) {
+    return {ARBITER_INVALID_ARGUMENT,
+            "ARBITER_SHM_ISA='" + name + "' is not a level; use auto" + levels};
   }
   const TokenKernels* kernels = runnable(name);
   if (kernels == nullptr) {
-    std::string have = "scalar";
-    for (const char* level : {"avx2", "avx512", "avx512bf16"}) {
-      if (runnable(level) != nullptr) have = std::string(level) + ", " + have;
-    }
     return {ARBITER_UNSUPPORTED, "ARBITER_SHM_ISA=" + name +
                                      ": this CPU or build cannot run it (it can run " + have +
                                      "); use auto"};
