@@ -14,9 +14,10 @@
 // back to back), effective_GBps (bytes / latency), p90_us. Methods:
 // fused_oneshot, fused_twoshot, fused_twoshot_replicated (two-shot told that
 // every rank's residual is the same: each rank runs the epilogue on its own
-// token slice only), separate_steps, memcpy (the same bytes, all ranks at once), and once per run
-// pingpong (a flag's round trip between ranks 0 and 1 through shared memory: the floor of any wait
-// on a peer). After the power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
+// token slice only), separate_steps, memcpy (the same bytes, all ranks at
+// once), and once per run pingpong (a flag's round trip between ranks 0 and
+// 1 through shared memory: the floor of any wait on a peer). After the
+// power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
 // prefill-shaped (4096 x 4096) row, where --to holds them.
 #include <fcntl.h>
 #include <signal.h>

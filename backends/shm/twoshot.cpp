@@ -12,7 +12,7 @@
 //     the epilogue on every token with its own residual_in;
 //   - with ARBITER_RUN_RESIDUAL_REPLICATED (residual_in the same on every
 //     rank) each rank runs the epilogue on its slice only, straight from the
-//     ranks' input copies into its own outputs, stages those outputs, and
+//     ranks' inputs into its own outputs, stages those outputs, and
 //     copies the other slices' outputs from their owners: the epilogue's
 //     work is split world_size ways instead of repeated on every rank.
 // Both give the same bits: the same sums in the same order, the same
@@ -33,14 +33,15 @@ namespace arbiter::shm {
 namespace {
 
 // The outputs a replicated call stages (the index is the staging slot) and
-// the bytes of one token of each; NULL outputs are skipped.
+// the bytes of one token of each (`row_bytes` for the dtype's outputs);
+// NULL outputs are skipped.
 struct StagedOutput {
   std::byte* buffer;
   std::size_t row_bytes;
 };
 
-std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_args& args) {
-  const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(args.dtype);
+std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_args& args,
+                                                        std::size_t row_bytes) {
   const bool quantized = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
   return {{{static_cast<std::byte*>(args.allreduce_out), row_bytes},
            {static_cast<std::byte*>(args.residual_out), row_bytes},
@@ -51,15 +52,15 @@ std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_
 // The epilogue on this rank's slice [first, end), then the other slices'
 // outputs from their owners.
 Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& args,
-                         std::uint32_t first, std::uint32_t end, Backoff& backoff) {
+                         std::size_t row_bytes, std::uint32_t first, std::uint32_t end,
+                         Backoff& backoff) {
   const std::int32_t ranks = workspace.world_size();
-  const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(args.dtype);
   workspace.kernels().reduce_tokens(
       args,
       workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input, first, end - first,
                                  row_bytes),
       ranks, first, end - first, workspace.row_scratch(args.hidden));
-  const auto outputs = staged_outputs(args);
+  const auto outputs = staged_outputs(args, row_bytes);
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     if (outputs[k].buffer == nullptr) continue;
     const std::size_t offset = first * outputs[k].row_bytes;
@@ -107,7 +108,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
 
   if ((args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
       common::pattern_has_norm(args.pattern)) {
-    return finish_replicated(workspace, args, first, end, backoff);
+    return finish_replicated(workspace, args, row_bytes, first, end, backoff);
   }
   std::byte* sums = workspace.sums();
   workspace.sum_inputs(workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input, first,
