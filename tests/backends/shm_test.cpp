@@ -151,10 +151,10 @@ arbiter_allreduce_args make_args(Buffers& b, const Variant& v, arbiter_algorithm
 }
 
 std::string describe(int ws, arbiter_dtype dtype, std::uint32_t tokens, std::uint32_t hidden,
-                     int variant, arbiter_algorithm algorithm) {
+                     int variant) {
   return "ws " + std::to_string(ws) + " " + dtype_name(dtype) + " tokens " +
          std::to_string(tokens) + " hidden " + std::to_string(hidden) + " variant " +
-         std::to_string(variant) + " " + algorithm_name(algorithm);
+         std::to_string(variant);
 }
 
 // Checks rank 0's outputs of `args` against the fp64 reference over every
@@ -227,8 +227,8 @@ std::string check_case(int rank, const arbiter_oob& oob, arbiter_workspace* work
   std::array<std::uint64_t, std::size(kMethods)> hashes{};
   for (std::size_t m = 0; m < std::size(kMethods); ++m) {
     const arbiter_algorithm algorithm = kMethods[m].algorithm;
-    const std::string where = describe(ws, dtype, tokens, hidden, variant, algorithm) +
-                              (kMethods[m].flags != 0 ? " (residual replicated)" : "");
+    const std::string where =
+        describe(ws, dtype, tokens, hidden, variant) + " " + method_name(kMethods[m]);
     b.poison();
     arbiter_allreduce_args args = make_args(b, kVariants[variant], algorithm);
     args.flags = kMethods[m].flags;
@@ -244,7 +244,8 @@ std::string check_case(int rank, const arbiter_oob& oob, arbiter_workspace* work
       if (!problem.empty()) return where + ": " + problem;
     }
   }
-  const std::string where = describe(ws, dtype, tokens, hidden, variant, ARBITER_ALGORITHM_ONESHOT);
+  const std::string where = describe(ws, dtype, tokens, hidden, variant) + " " +
+                            algorithm_name(ARBITER_ALGORITHM_ONESHOT);
   for (std::size_t m = 1; m < std::size(kMethods); ++m) {
     if (hashes[m] != hashes[0]) {
       return where + ": " + method_name(kMethods[m]) + " and one-shot outputs differ in some bit";
