@@ -22,10 +22,14 @@
 //   ARBITER_SHM_VECTOR_ISA     the namespace to put these kernels in
 //   Lanes                      (in that namespace) the vector type F of 16
 //                              floats, with static zero, splat, add, mul,
-//                              load_f32, store_f32, spill, load<D>,
-//                              round<D>, store<D> (of a rounded value),
-//                              store_rounded<D> (of any value),
-//                              round_and_store<D> (stores, returns round)
+//                              load_f32, store_f32, load<D>, spill<D>
+//                              (a block as load<D> lays it out, stored in
+//                              element order), round<D>, store<D> (of a
+//                              rounded value), store_rounded<D> (of any
+//                              value), round_and_store<D> (stores, returns
+//                              round), kCanonicalNan (whether those make
+//                              every NaN canonical; if not, any_nan(F) and
+//                              the kernels mend the words, NanWatch below)
 //                              and, optionally, the bf16 pair operations
 //                              of Bf16PairLanes (below)
 // and gets, in that namespace, the three entry points of TokenKernels. No
@@ -94,6 +98,35 @@ ARBITER_SHM_VECTOR_INLINE float element_sum(const RankRows& source, std::size_t 
 template <arbiter_dtype kDtype>
 ARBITER_SHM_VECTOR_INLINE float element_sum(const StoredSums& source, std::size_t index) {
   return common::dtype_bits_to_float(static_cast<const Bits<kDtype>*>(source.sums)[index], kDtype);
+}
+
+// Where Lanes::kCanonicalNan is false, round and store keep a NaN a NaN but
+// not the canonical one. The kernels then add up, lane by lane, the values
+// they store; a NaN among them stays in the sum (so does an infinity minus
+// an infinity: a needless mend, no harm). Where the sum has a NaN they make
+// the NaN words they stored canonical, a scalar pass over the token's
+// outputs; without a NaN the watch costs one add per block.
+template <class L>
+struct NanWatch {
+  typename L::F sum;
+
+  ARBITER_SHM_VECTOR_INLINE void see(typename L::F value) {
+    if constexpr (!L::kCanonicalNan) sum = L::add(sum, value);
+  }
+  ARBITER_SHM_VECTOR_INLINE bool seen() const {
+    if constexpr (!L::kCanonicalNan) return L::any_nan(sum);
+    return false;
+  }
+};
+
+// The NaN words of out[0, count) made the canonical NaN; out may be null.
+template <arbiter_dtype kDtype>
+inline void mend_nans(Bits<kDtype>* out, std::size_t count) {
+  if (out == nullptr) return;
+  for (std::size_t i = 0; i < count; ++i) {
+    out[i] = static_cast<Bits<kDtype>>(
+        common::to_storage_bits<kDtype>(common::dtype_bits_to_float(out[i], kDtype)));
+  }
 }
 
 // A Lanes type that also takes bf16 32 at a time (token_lanes_avx512.h):
@@ -205,9 +238,13 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
     if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
       i = static_cast<std::uint32_t>(sum_pairs<Lanes>(source, base, 0, whole, allreduce_out));
     }
+    NanWatch<Lanes> watch{Lanes::zero()};
     for (; i < whole; i += kBlock) {
-      Lanes::store_rounded<kDtype>(allreduce_out + i, block_sum<kDtype>(source, base + i));
+      const F sum = block_sum<kDtype>(source, base + i);
+      watch.see(sum);
+      Lanes::store_rounded<kDtype>(allreduce_out + i, sum);
     }
+    if (watch.seen()) mend_nans<kDtype>(allreduce_out, whole);
     for (i = whole; i < hidden; ++i) {
       allreduce_out[i] =
           static_cast<B>(common::to_storage_bits<kDtype>(element_sum<kDtype>(source, base + i)));
@@ -241,7 +278,7 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
     squares = Lanes::add(squares, Lanes::mul(x, x));
   }
   float partial[kBlock];
-  Lanes::spill(squares, partial);
+  Lanes::spill<kDtype>(squares, partial);
   for (i = whole; i < hidden; ++i) {
     const float residual = common::dtype_bits_to_float(residual_in[i], kDtype);
     const float sum = common::rounded_to<kDtype>(element_sum<kDtype>(source, base + i));
@@ -262,6 +299,9 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   const bool quantize = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
   const F inv = Lanes::splat(inv_rms);
   const F bias = Lanes::splat(args.weight_bias);
+  // A NaN sum or x makes y NaN, and y can be NaN without one (an infinite x
+  // times 1 / rms = 0): watching y watches every output.
+  NanWatch<Lanes> watch{Lanes::zero()};
   i = 0;
   if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
     if (!quantize && norm_out != nullptr)
@@ -270,10 +310,11 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   for (; i < whole; i += kBlock) {
     const F weight = Lanes::add(Lanes::load<kDtype>(gamma + i), bias);
     const F unrounded = Lanes::mul(Lanes::mul(Lanes::load_f32(row + i), inv), weight);
+    watch.see(unrounded);
     if (quantize) {
       const F y = norm_out != nullptr ? Lanes::round_and_store<kDtype>(norm_out + i, unrounded)
                                       : Lanes::round<kDtype>(unrounded);
-      Lanes::store_f32(row + i, y);
+      Lanes::spill<kDtype>(y, row + i);  // read in element order below
     } else if (norm_out != nullptr) {
       Lanes::store_rounded<kDtype>(norm_out + i, unrounded);
     }
@@ -284,10 +325,15 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
     if (norm_out != nullptr) norm_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(y));
     row[i] = y;
   }
-  if (quantize) {
+  if (quantize) {  // any NaN y quantises to the one NaN pattern
     auto* quant = static_cast<std::uint8_t*>(args.quant_out) + base;
     const float scale = *args.scale;
     for (std::uint32_t i = 0; i < hidden; ++i) quant[i] = common::fp8_quantize(row[i], scale);
+  }
+  if (watch.seen()) {
+    mend_nans<kDtype>(allreduce_out, whole);
+    mend_nans<kDtype>(residual_out, whole);
+    mend_nans<kDtype>(norm_out, whole);
   }
 }
 
@@ -316,9 +362,13 @@ ARBITER_SHM_VECTOR_TARGET void sum_elements_as(const std::byte* const* inputs, s
   if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
     i = sum_pairs<Lanes>(source, 0, begin, end, stored);
   }
+  NanWatch<Lanes> watch{Lanes::zero()};
   for (; i + kBlock <= end; i += kBlock) {
-    Lanes::store_rounded<kDtype>(stored + i, block_sum<kDtype>(source, i));
+    const Lanes::F sum = block_sum<kDtype>(source, i);
+    watch.see(sum);
+    Lanes::store_rounded<kDtype>(stored + i, sum);
   }
+  if (watch.seen()) mend_nans<kDtype>(stored + begin, i - begin);
   for (; i < end; ++i) {
     stored[i] =
         static_cast<Bits<kDtype>>(common::to_storage_bits<kDtype>(element_sum<kDtype>(source, i)));

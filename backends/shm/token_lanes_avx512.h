@@ -19,7 +19,14 @@ struct Avx512Lanes {
   ARBITER_SHM_LANES_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   ARBITER_SHM_LANES_INLINE F load_f32(const float* p) { return _mm512_loadu_ps(p); }
   ARBITER_SHM_LANES_INLINE void store_f32(float* p, F v) { _mm512_storeu_ps(p, v); }
-  ARBITER_SHM_LANES_INLINE void spill(F v, float* lanes) { _mm512_storeu_ps(lanes, v); }
+  // Blocks of every dtype are in element order.
+  template <arbiter_dtype>
+  ARBITER_SHM_LANES_INLINE void spill(F v, float* elements) {
+    _mm512_storeu_ps(elements, v);
+  }
+
+  // round and store make every NaN the canonical quiet NaN.
+  static constexpr bool kCanonicalNan = true;
 
   // NaN lanes of `v` replaced by the canonical quiet NaN.
   ARBITER_SHM_LANES_INLINE F canonical_nan(F v, F source) {
