@@ -90,61 +90,71 @@ struct Lanes {
     }
   }
 
-  template <arbiter_dtype kDtype>
-  ARBITER_SHM_LANES_INLINE __m256 round8(__m256 v) {
-    if constexpr (kDtype == ARBITER_DTYPE_BF16) {
-      // Adding 0x7FFF plus the lowest kept bit rounds ties to even. A NaN
-      // here has zero low halves (every one comes from bf16 data or is the
-      // default NaN; eps and weight_bias are finite), so it stays that NaN.
-      const __m256i bits = _mm256_castps_si256(v);
-      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-      const __m256i rounded = _mm256_and_si256(
-          _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd), high_halves());
-      return _mm256_castsi256_ps(rounded);
-    } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
-      return _mm256_cvtph_ps(_mm256_cvtps_ph(v, kFp16Rounding));
-    } else {
-      return v;
-    }
+  // bf16: the rounded value in each lane's high half, the low half not yet
+  // cleared. Adding 0x7FFF plus the lowest kept bit rounds ties to even. A
+  // NaN here has zero low halves (every one comes from bf16 data or is the
+  // default NaN; eps and weight_bias are finite), so it stays that NaN.
+  ARBITER_SHM_LANES_INLINE __m256i bf16_high_halves(__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+  }
+
+  // Stores the high halves of a bf16 block's lanes: word 2j from even
+  // element j (`low`), word 2j + 1 from odd element j (`high`).
+  ARBITER_SHM_LANES_INLINE void store_bf16(void* p, __m256i low, __m256i high) {
+    _mm256_storeu_si256(static_cast<__m256i*>(p),
+                        _mm256_blend_epi16(high, _mm256_srli_epi32(low, 16), 0x55));
   }
 
   // common::rounded_to<kDtype>: the value the dtype stores, as a float (a
   // NaN as some NaN).
   template <arbiter_dtype kDtype>
   ARBITER_SHM_LANES_INLINE F round(F v) {
-    return {round8<kDtype>(v.low), round8<kDtype>(v.high)};
-  }
-
-  // Stores common::to_storage_bits<kDtype> of a value round<kDtype> gave (a
-  // NaN as some NaN word).
-  template <arbiter_dtype kDtype>
-  ARBITER_SHM_LANES_INLINE void store(void* p, F rounded) {
     if constexpr (kDtype == ARBITER_DTYPE_BF16) {
-      // Word 2j: even element j's high half; word 2j + 1: odd element j's.
-      const __m256i even = _mm256_srli_epi32(_mm256_castps_si256(rounded.low), 16);
-      _mm256_storeu_si256(static_cast<__m256i*>(p),
-                          _mm256_blend_epi16(_mm256_castps_si256(rounded.high), even, 0x55));
+      return {_mm256_castsi256_ps(_mm256_and_si256(bf16_high_halves(v.low), high_halves())),
+              _mm256_castsi256_ps(_mm256_and_si256(bf16_high_halves(v.high), high_halves()))};
     } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
-      auto* half = static_cast<__m128i*>(p);
-      _mm_storeu_si128(half, _mm256_cvtps_ph(rounded.low, kFp16Rounding));
-      _mm_storeu_si128(half + 1, _mm256_cvtps_ph(rounded.high, kFp16Rounding));
+      return {_mm256_cvtph_ps(_mm256_cvtps_ph(v.low, kFp16Rounding)),
+              _mm256_cvtph_ps(_mm256_cvtps_ph(v.high, kFp16Rounding))};
     } else {
-      store_f32(static_cast<float*>(p), rounded);
+      return v;
     }
   }
 
-  // store(p, round(v)).
+  // Stores common::to_storage_bits<kDtype>(v) (a NaN as some NaN word).
   template <arbiter_dtype kDtype>
   ARBITER_SHM_LANES_INLINE void store_rounded(void* p, F v) {
-    store<kDtype>(p, round<kDtype>(v));
+    if constexpr (kDtype == ARBITER_DTYPE_BF16) {
+      store_bf16(p, bf16_high_halves(v.low), bf16_high_halves(v.high));
+    } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
+      auto* half = static_cast<__m128i*>(p);
+      _mm_storeu_si128(half, _mm256_cvtps_ph(v.low, kFp16Rounding));
+      _mm_storeu_si128(half + 1, _mm256_cvtps_ph(v.high, kFp16Rounding));
+    } else {
+      store_f32(static_cast<float*>(p), v);
+    }
   }
 
-  // store(p, round(v)), and round(v).
+  // store_rounded(p, v), and round(v), converting once.
   template <arbiter_dtype kDtype>
   ARBITER_SHM_LANES_INLINE F round_and_store(void* p, F v) {
-    const F rounded = round<kDtype>(v);
-    store<kDtype>(p, rounded);
-    return rounded;
+    if constexpr (kDtype == ARBITER_DTYPE_BF16) {
+      const __m256i low = bf16_high_halves(v.low), high = bf16_high_halves(v.high);
+      store_bf16(p, low, high);
+      return {_mm256_castsi256_ps(_mm256_and_si256(low, high_halves())),
+              _mm256_castsi256_ps(_mm256_and_si256(high, high_halves()))};
+    } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
+      auto* half = static_cast<__m128i*>(p);
+      const __m128i low = _mm256_cvtps_ph(v.low, kFp16Rounding);
+      const __m128i high = _mm256_cvtps_ph(v.high, kFp16Rounding);
+      _mm_storeu_si128(half, low);
+      _mm_storeu_si128(half + 1, high);
+      return {_mm256_cvtph_ps(low), _mm256_cvtph_ps(high)};
+    } else {
+      store_f32(static_cast<float*>(p), v);
+      return v;
+    }
   }
 };
 

@@ -24,9 +24,9 @@
 //                              floats, with static zero, splat, add, mul,
 //                              load_f32, store_f32, load<D>, spill<D>
 //                              (a block as load<D> lays it out, stored in
-//                              element order), round<D>, store<D> (of a
-//                              rounded value), store_rounded<D> (of any
-//                              value), round_and_store<D> (stores, returns
+//                              element order), round<D>, store_rounded<D>
+//                              (stores the dtype's bits of a value),
+//                              round_and_store<D> (stores, returns
 //                              round), kCanonicalNan (whether those make
 //                              every NaN canonical; if not, any_nan(F) and
 //                              the kernels mend the words, NanWatch below)
