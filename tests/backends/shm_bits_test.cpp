@@ -3,14 +3,17 @@
 // runs must give the bits of the same arithmetic compiled here for baseline
 // x86-64, on every dtype and pattern and on the values vector code gets wrong
 // most easily: NaN (quiet and signalling), infinities, subnormals, -0.0,
-// sums that overflow, and a hidden size that is not a multiple of the
-// vector width.
+// sums that overflow, a hidden size that is not a multiple of the vector
+// width, and tokens whose 16-bit outputs show the order of the sum of
+// squares.
 #define BOOST_TEST_MODULE backends_shm_bits
 #include <boost/test/unit_test.hpp>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,10 +31,108 @@ using namespace arbiter::test::shm_harness;
 
 namespace {
 
-constexpr std::uint32_t kTokens = 3;
 // 63 blocks of 16 and a tail of 8: the AVX-512 kernels take bf16 32 at a
 // step (token_lanes_avx512.h), then one block of 16, then scalars.
 constexpr std::uint32_t kHidden = 1016;
+constexpr float kEps = 1e-5f;
+constexpr float kWeightBias = 0.5f;
+
+float gamma_at(std::uint32_t i) { return 0.5f + static_cast<float>(i % 13) / 8.0f; }
+
+// Orders of the sum of squares a vector kernel could take by mistake
+// instead of the reference's (rmsnorm.h: element i into lane i % 16, then
+// the 16 lanes in order). A 16-bit output hides most last-bit changes of
+// 1 / rms, so the tokens that test the order are searched for (probe_token).
+struct SquaresOrder {
+  const char* name;
+  std::uint32_t lanes;  // element i goes to lane i % lanes
+  enum { kInOrder, kReversed, kEvenFirst, kPairwise } combine;
+};
+constexpr std::array<SquaresOrder, 6> kWrongOrders = {{
+    {"one running sum", 1, SquaresOrder::kInOrder},
+    {"8 lanes", 8, SquaresOrder::kInOrder},
+    {"32 lanes", 32, SquaresOrder::kInOrder},
+    {"16 lanes added pairwise", 16, SquaresOrder::kPairwise},
+    // AVX2 holds a bf16 block's even elements in one register, odd in the
+    // other (token_kernels_avx2.cpp): lanes 0, 2, ..., 14, then 1, 3, ...
+    {"16 lanes, even ones first", 16, SquaresOrder::kEvenFirst},
+    {"16 lanes in reverse", 16, SquaresOrder::kReversed},
+}};
+constexpr SquaresOrder kReferenceOrder = {"reference", 16, SquaresOrder::kInOrder};
+
+float sum_of_squares(const std::vector<float>& x, const SquaresOrder& order) {
+  std::vector<float> lane(order.lanes, 0.0f);
+  for (std::size_t i = 0; i < x.size(); ++i) lane[i % order.lanes] += x[i] * x[i];
+  std::vector<float> sequence;
+  switch (order.combine) {
+    case SquaresOrder::kInOrder:
+      sequence = lane;
+      break;
+    case SquaresOrder::kReversed:
+      sequence.assign(lane.rbegin(), lane.rend());
+      break;
+    case SquaresOrder::kEvenFirst:
+      for (std::size_t k = 0; k < lane.size(); k += 2) sequence.push_back(lane[k]);
+      for (std::size_t k = 1; k < lane.size(); k += 2) sequence.push_back(lane[k]);
+      break;
+    case SquaresOrder::kPairwise:
+      for (std::size_t width = lane.size(); width > 1; width /= 2) {
+        for (std::size_t k = 0; k < width / 2; ++k) lane[k] = lane[2 * k] + lane[2 * k + 1];
+      }
+      return lane[0];
+  }
+  float sum = 0.0f;
+  for (float value : sequence) sum += value;
+  return sum;
+}
+
+// The storage bits of y = x * 1 / rms * (gamma + weight_bias), with the sum
+// of squares taken in `order`.
+std::vector<std::uint32_t> norm_bits(const std::vector<float>& x, const SquaresOrder& order,
+                                     arbiter_dtype dtype) {
+  const float inv_rms =
+      inverse_rms(sum_of_squares(x, order), static_cast<std::uint32_t>(x.size()), kEps);
+  std::vector<std::uint32_t> bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const auto element = static_cast<std::uint32_t>(i);
+    bits[i] =
+        float_to_dtype_bits(rmsnorm_element(x[i], inv_rms, round_to_dtype(gamma_at(element), dtype),
+                                            kWeightBias, dtype),
+                            dtype);
+  }
+  return bits;
+}
+
+// The first token of a fixed pseudo-random sequence of `dtype` values whose
+// norm output has other bits when its sum of squares is taken in `wrong`
+// order. Empty if none is found (the test then fails).
+std::vector<float> probe_token(arbiter_dtype dtype, const SquaresOrder& wrong) {
+  std::uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (int candidate = 0; candidate < 20000; ++candidate) {
+    std::vector<float> x(kHidden);
+    for (float& value : x) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const auto step = static_cast<std::int32_t>((state >> 33) % 2048u) - 1024;
+      value = round_to_dtype(static_cast<float>(step) / 256.0f, dtype);
+    }
+    if (norm_bits(x, wrong, dtype) != norm_bits(x, kReferenceOrder, dtype)) return x;
+  }
+  return {};
+}
+
+// One probe token per wrong order, found once per dtype.
+const std::vector<std::vector<float>>& probe_tokens(arbiter_dtype dtype) {
+  static std::map<arbiter_dtype, std::vector<std::vector<float>>> found;
+  auto [at, inserted] = found.try_emplace(dtype);
+  if (inserted) {
+    for (const SquaresOrder& wrong : kWrongOrders) at->second.push_back(probe_token(dtype, wrong));
+  }
+  return at->second;
+}
+
+// Tokens 0-2 hold special values (input_of), then one probe per wrong order.
+constexpr std::uint32_t kProbeToken = 3;
+constexpr std::uint32_t kTokens = kProbeToken + kWrongOrders.size();
 
 // Bit patterns of `dtype` worth testing, in storage bits.
 std::vector<std::uint32_t> special_bits(arbiter_dtype dtype) {
@@ -55,6 +156,9 @@ std::vector<std::uint32_t> special_bits(arbiter_dtype dtype) {
 // (input_of(dtype, 6)) has token 2's signs as rank 0: with 3 ranks, sum +
 // residual overflows, 1 / rms is 0 and y = inf * 0 is NaN although no input
 // is; with 2 ranks, only the sum of squares overflows.
+// The probe tokens are rank 0's; every other rank and the residual hold
+// +0.0 there, so x is the probe itself. They hold +0.0 in fp32 too, whose
+// outputs show any change of 1 / rms without a search.
 std::vector<std::byte> input_of(arbiter_dtype dtype, int rank) {
   const std::vector<std::uint32_t> specials = special_bits(dtype);
   std::vector<std::byte> input(std::size_t{kTokens} * kHidden * dtype_size(dtype));
@@ -66,6 +170,14 @@ std::vector<std::byte> input_of(arbiter_dtype dtype, int rank) {
     store_element(input.data(), kHidden + i, dtype, ordinary * (rank + 1));
     if (i % 89 == 3) store_bits(input.data(), kHidden + i, dtype, 3u + i % 2);
     store_bits(input.data(), 2 * kHidden + i, dtype, specials[9 + (i + rank) % 2]);
+  }
+  if (rank == 0 && dtype != ARBITER_DTYPE_FP32) {
+    const auto& probes = probe_tokens(dtype);
+    for (std::size_t p = 0; p < probes.size(); ++p) {
+      for (std::uint32_t i = 0; i < probes[p].size(); ++i) {
+        store_element(input.data(), (kProbeToken + p) * kHidden + i, dtype, probes[p][i]);
+      }
+    }
   }
   return input;
 }
@@ -96,8 +208,8 @@ arbiter_allreduce_args args_for(arbiter_dtype dtype, arbiter_pattern pattern,
   a.residual_in = residual.data();
   a.residual_out = out.residual_out.data();
   a.gamma = gamma.data();
-  a.eps = 1e-5f;
-  a.weight_bias = 0.5f;
+  a.eps = kEps;
+  a.weight_bias = kWeightBias;
   a.norm_out = out.norm_out.data();
   if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
     a.quant_out = out.quant.data();
@@ -110,8 +222,13 @@ std::string compare(const char* name, const std::vector<std::byte>& got,
                     const std::vector<std::byte>& want) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {
+      const std::size_t token = i / (got.size() / kTokens);
+      const std::string probe = token >= kProbeToken && token < kTokens
+                                    ? std::string(", the probe for a sum of squares in ") +
+                                          kWrongOrders[token - kProbeToken].name
+                                    : "";
       return std::string(name) + " differs at byte " + std::to_string(i) + " (token " +
-             std::to_string(i / (got.size() / kTokens)) + ")";
+             std::to_string(token) + probe + ")";
     }
   }
   return "";
@@ -132,7 +249,7 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
     std::vector<std::byte> residual = input_of(dtype, 6);
     std::vector<std::byte> gamma(std::size_t{kHidden} * element);
     for (std::uint32_t i = 0; i < kHidden; ++i) {
-      store_element(gamma.data(), i, dtype, 0.5f + static_cast<float>(i % 13) / 8.0f);
+      store_element(gamma.data(), i, dtype, gamma_at(i));
     }
     const float scale = 0.02f;
     for (arbiter_pattern pattern : {ARBITER_PATTERN_ALLREDUCE, ARBITER_PATTERN_RESIDUAL_RMSNORM,
@@ -228,6 +345,42 @@ BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_specia
     }
   }
   unsetenv("ARBITER_SHM_ISA");
+}
+
+// The probes are only worth their place if each one's expected output
+// differs from what its wrong order gives, and the expected output is the
+// reference epilogue's.
+BOOST_AUTO_TEST_CASE(each_probe_token_tells_its_wrong_order_from_the_reference) {
+  for (arbiter_dtype dtype : {ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16}) {
+    const auto& probes = probe_tokens(dtype);
+    std::vector<std::byte> gamma(std::size_t{kHidden} * dtype_size(dtype));
+    for (std::uint32_t i = 0; i < kHidden; ++i) store_element(gamma.data(), i, dtype, gamma_at(i));
+    const std::vector<std::byte> zeros(gamma.size());
+    for (std::size_t p = 0; p < probes.size(); ++p) {
+      BOOST_TEST_CONTEXT(dtype_name(dtype) << ", " << kWrongOrders[p].name) {
+        BOOST_TEST_REQUIRE(probes[p].size() == kHidden);
+        std::vector<std::byte> norm_out(gamma.size());
+        arbiter_allreduce_args a{};
+        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+        a.dtype = dtype;
+        a.tokens = 1;
+        a.hidden = kHidden;
+        a.residual_in = zeros.data();
+        a.gamma = gamma.data();
+        a.eps = kEps;
+        a.weight_bias = kWeightBias;
+        a.norm_out = norm_out.data();
+        std::vector<float> row = probes[p];
+        apply_epilogue_token(a, 0, row.data());
+        std::vector<std::uint32_t> reference(kHidden);
+        for (std::uint32_t i = 0; i < kHidden; ++i) {
+          reference[i] = load_bits(norm_out.data(), i, dtype);
+        }
+        BOOST_TEST((reference == norm_bits(probes[p], kReferenceOrder, dtype)));
+        BOOST_TEST((reference != norm_bits(probes[p], kWrongOrders[p], dtype)));
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(an_unknown_level_is_refused_on_every_rank) {
