@@ -122,21 +122,8 @@ struct Lanes {
     }
   }
 
-  // Stores common::to_storage_bits<kDtype>(v) (a NaN as some NaN word).
-  template <arbiter_dtype kDtype>
-  ARBITER_SHM_LANES_INLINE void store_rounded(void* p, F v) {
-    if constexpr (kDtype == ARBITER_DTYPE_BF16) {
-      store_bf16(p, bf16_high_halves(v.low), bf16_high_halves(v.high));
-    } else if constexpr (kDtype == ARBITER_DTYPE_FP16) {
-      auto* half = static_cast<__m128i*>(p);
-      _mm_storeu_si128(half, _mm256_cvtps_ph(v.low, kFp16Rounding));
-      _mm_storeu_si128(half + 1, _mm256_cvtps_ph(v.high, kFp16Rounding));
-    } else {
-      store_f32(static_cast<float*>(p), v);
-    }
-  }
-
-  // store_rounded(p, v), and round(v), converting once.
+  // Stores common::to_storage_bits<kDtype>(v) (a NaN as some NaN word) and
+  // returns round(v), converting once.
   template <arbiter_dtype kDtype>
   ARBITER_SHM_LANES_INLINE F round_and_store(void* p, F v) {
     if constexpr (kDtype == ARBITER_DTYPE_BF16) {
@@ -155,6 +142,12 @@ struct Lanes {
       store_f32(static_cast<float*>(p), v);
       return v;
     }
+  }
+
+  // round_and_store without the value: its conversion back compiles away.
+  template <arbiter_dtype kDtype>
+  ARBITER_SHM_LANES_INLINE void store_rounded(void* p, F v) {
+    round_and_store<kDtype>(p, v);
   }
 };
 

@@ -372,18 +372,21 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   }
 }
 
+template <arbiter_dtype kDtype, class Source>
+ARBITER_SHM_VECTOR_TARGET void epilogue_from(const arbiter_allreduce_args& args,
+                                             const Source& source, std::size_t first,
+                                             std::size_t count, float* row) {
+  for (std::size_t t = first; t < first + count; ++t) token_epilogue<kDtype>(args, source, t, row);
+}
+
 template <arbiter_dtype kDtype>
 ARBITER_SHM_VECTOR_TARGET void reduce_tokens_as(const arbiter_allreduce_args& args,
                                                 const std::byte* const* rows, std::int32_t ranks,
                                                 std::size_t first, std::size_t count, float* row) {
   if (ranks == 2) {
-    const TwoRankRows source{rows[0], rows[1]};
-    for (std::size_t t = first; t < first + count; ++t)
-      token_epilogue<kDtype>(args, source, t, row);
+    epilogue_from<kDtype>(args, TwoRankRows{rows[0], rows[1]}, first, count, row);
   } else {
-    const RankRows source{rows, ranks};
-    for (std::size_t t = first; t < first + count; ++t)
-      token_epilogue<kDtype>(args, source, t, row);
+    epilogue_from<kDtype>(args, RankRows{rows, ranks}, first, count, row);
   }
 }
 
@@ -391,8 +394,7 @@ template <arbiter_dtype kDtype>
 ARBITER_SHM_VECTOR_TARGET void epilogue_tokens_as(const arbiter_allreduce_args& args,
                                                   const void* sums, std::size_t first,
                                                   std::size_t count, float* row) {
-  const StoredSums source{sums};
-  for (std::size_t t = first; t < first + count; ++t) token_epilogue<kDtype>(args, source, t, row);
+  epilogue_from<kDtype>(args, StoredSums{sums}, first, count, row);
 }
 
 template <arbiter_dtype kDtype, class Source>
