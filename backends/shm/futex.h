@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <ctime>
 
+#include "shared_layout.h"
+
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -44,6 +46,16 @@ inline void publish_and_wake(std::uint32_t* word, std::uint32_t value, std::uint
     syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 #endif
   }
+}
+
+// Publishes a sequence number (shared_layout.h): the value, then its low
+// half into the futex word, and wakes that word's sleepers. A reader that
+// loads `wake` before `value` and still sees an old value is sure to see
+// `wake` change, unless the two values are 2^32 apart: that sleep then ends
+// at its timeout, and the next poll sees the value.
+inline void publish_and_wake(SequenceWord* word, std::uint64_t value, std::uint32_t* sleepers) {
+  std::atomic_ref<std::uint64_t>(word->value).store(value, std::memory_order_release);
+  publish_and_wake(&word->wake, static_cast<std::uint32_t>(value), sleepers);
 }
 
 }  // namespace arbiter::shm

@@ -3,11 +3,13 @@
 // Call n (counted per workspace, the same on every rank) uses parity
 // p = n % 2. Each rank copies each chunk k of its input into its slot of
 // parity p and stores n + 1 into its sequence line for (p, k) with release
-// order. Then, chunk by chunk, it waits (acquire) until every peer's line
-// for (p, k) holds n + 1, sums the chunk's tokens over the ranks in rank
-// order into one fp32 row (from +0.0, as two-shot and native sum, so an all
-// -0.0 column gives +0.0 everywhere) and applies the epilogue to each token
-// while the row is in cache (token_kernels.h).
+// order. The lines are 64-bit (SequenceWord), so a line holds n + 1 only
+// once call n has published it, however long ago it was last written. Then,
+// chunk by chunk, it waits (acquire) until every peer's line for (p, k)
+// holds n + 1, sums the chunk's tokens over the ranks in rank order into one
+// fp32 row (from +0.0, as two-shot and native sum, so an all -0.0 column
+// gives +0.0 everywhere) and applies the epilogue to each token while the
+// row is in cache (token_kernels.h).
 //
 // Why a rank may overwrite its slot of parity p in call n: every peer has
 // left call n - 2, the last one that read it. A rank starts call n only
@@ -38,9 +40,7 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t chunk_tokens = oneshot_chunk_tokens(row_bytes);
   const std::uint64_t call = workspace.oneshot_calls++;
   const auto parity = static_cast<std::uint32_t>(call % 2);
-  // Lines of parity p hold (n - 1) or (n + 1) mod 2^32 during call n:
-  // distinct, so equality is a test that cannot wrap.
-  const auto published = static_cast<std::uint32_t>(call + 1);
+  const std::uint64_t published = call + 1;
 
   float* row = workspace.row_scratch(hidden);
   // Each rank's slot of this parity; a row of peer q is slots[q] + t * row_bytes.
@@ -65,10 +65,16 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
     for (std::int32_t q = 0; q < ranks; ++q) {
       if (q == rank) continue;
-      std::uint32_t* line = workspace.oneshot_sequence(parity, q, chunk);
-      for (std::uint32_t seen; (seen = std::atomic_ref<std::uint32_t>(*line).load(
-                                    std::memory_order_acquire)) != published;) {
-        const WaitState state = backoff.pause(line, seen, q);
+      SequenceWord* line = workspace.oneshot_sequence(parity, q, chunk);
+      for (;;) {
+        // `wake` first: if the value is still old, so is what a sleep waits on.
+        const std::uint32_t wake =
+            std::atomic_ref<std::uint32_t>(line->wake).load(std::memory_order_acquire);
+        if (std::atomic_ref<std::uint64_t>(line->value).load(std::memory_order_acquire) ==
+            published) {
+          break;
+        }
+        const WaitState state = backoff.pause(&line->wake, wake, q);
         if (state != WaitState::kKeepWaiting) {
           return workspace.wait_failed(
               state, "rank " + std::to_string(q) + "'s one-shot data (chunk " +

@@ -15,9 +15,9 @@
 // whole tokens at a time (module.cpp), so the mapping does not grow with the
 // message.
 // One-shot call n uses parity n % 2; a rank publishes chunk k of its slot by
-// storing (n + 1) mod 2^32 into its line for (parity, k) after the chunk's data
-// (oneshot.cpp). Rank 0 writes the header before anyone else maps the
-// object; the rest starts zeroed.
+// storing n + 1 into its line for (parity, k) after the chunk's data
+// (oneshot.cpp), as a SequenceWord. Rank 0 writes the header before anyone
+// else maps the object; the rest starts zeroed.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +27,7 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 6;
+inline constexpr std::uint32_t kLayoutVersion = 7;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
@@ -49,6 +49,17 @@ struct SharedHeader {
   alignas(kLine) std::uint32_t sleepers;
 };
 static_assert(sizeof(SharedHeader) <= kPage);
+
+// A sequence number in the mapping: readers poll `value`, and waits that
+// sleep do so on `wake`, a futex word (32 bits) the publisher sets to the
+// value's low half after the value (futex.h). 64 bits, so a line last
+// written many calls ago can never hold the number being waited for: with
+// 32 bits a line that no call had reached for 2^32 calls, or one never
+// written, matched and its stale data was summed as the peer's.
+struct SequenceWord {
+  std::uint64_t value;
+  std::uint32_t wake;
+};
 
 // The largest slot: a rank's share of one slice. Calls beyond it stream
 // (one more synchronisation per MiB per rank, well under 1% of moving it),

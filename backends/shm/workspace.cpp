@@ -37,12 +37,12 @@ std::byte* Workspace::oneshot_slot(std::uint32_t parity, std::int32_t rank) {
   return static_cast<std::byte*>(base_) + layout_.oneshot + slot * layout_.slot_stride;
 }
 
-std::uint32_t* Workspace::oneshot_sequence(std::uint32_t parity, std::int32_t rank,
-                                           std::size_t chunk) {
+SequenceWord* Workspace::oneshot_sequence(std::uint32_t parity, std::int32_t rank,
+                                          std::size_t chunk) {
   const std::size_t line =
       (static_cast<std::size_t>(parity) * world_size_ + rank) * layout_.oneshot_chunks + chunk;
-  return reinterpret_cast<std::uint32_t*>(static_cast<std::byte*>(base_) +
-                                          layout_.oneshot_sequences + line * kLine);
+  return reinterpret_cast<SequenceWord*>(static_cast<std::byte*>(base_) +
+                                         layout_.oneshot_sequences + line * kLine);
 }
 
 std::byte* Workspace::twoshot_input(std::int32_t rank) {

@@ -41,7 +41,7 @@ class Workspace {
   SharedHeader& header() { return *static_cast<SharedHeader*>(base_); }
   std::byte* oneshot_slot(std::uint32_t parity, std::int32_t rank);
   // The sequence word of `rank`'s chunk `chunk` of one-shot parity `parity`.
-  std::uint32_t* oneshot_sequence(std::uint32_t parity, std::int32_t rank, std::size_t chunk);
+  SequenceWord* oneshot_sequence(std::uint32_t parity, std::int32_t rank, std::size_t chunk);
   // Ranks asleep on a futex in this mapping (futex.h).
   std::uint32_t* sleepers() { return &header().sleepers; }
   std::byte* twoshot_input(std::int32_t rank);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arbiter/common/fp8.h"
@@ -23,6 +24,7 @@
 #include "fork_ranks.h"
 #include "in_place_layouts.h"
 #include "shm_harness.h"
+#include "workspace.h"  // backends/shm: the one-shot call counter (sequence_numbers_never_wrap)
 
 using namespace arbiter::common;
 using arbiter::test::Place;
@@ -440,6 +442,67 @@ BOOST_AUTO_TEST_CASE(back_to_back_calls_stay_exact_when_ranks_are_preempted_at_r
 
 // 2 ranks take the kernels' two-rank sums (token_kernels_vector.h), 4 the
 // general ones.
+// One-shot sequence numbers after 2^32 calls (a server makes that many in
+// hours): a peer's chunk counts as published only once this call published
+// it, never because a line still holds a number from long ago. The call
+// counter is set as 2^32 earlier calls would leave it (white box: the
+// module's Workspace behind the handle), and rank 1 comes 300 ms late, so a
+// rank that did not wait sums a slot rank 1 has not written yet.
+//   - counter 2^32 - 1: the number published matched, in 32 bits, the zero
+//     of lines no call has reached (this call has 8 chunks, none before it);
+//   - counter 2^32 + 1, after two calls: it matched the lines call 1 left.
+std::string sequence_numbers_never_wrap(int rank, const arbiter_oob& oob) {
+  const auto& module = shm();
+  constexpr std::uint32_t kHidden = 1024, kTokens = 64;  // 4 KiB rows: 8 chunks
+  const arbiter_workspace_spec spec = make_spec(oob, ARBITER_DTYPE_FP32, 256 * 1024);
+  for (const bool after_two_calls : {false, true}) {
+    arbiter_workspace* workspace = nullptr;
+    if (module.workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+      return std::string("workspace_create: ") + module.last_error();
+    }
+    std::vector<float> input(std::size_t{kTokens} * kHidden), output(input.size());
+    arbiter_allreduce_args args{};
+    args.pattern = ARBITER_PATTERN_ALLREDUCE;
+    args.dtype = ARBITER_DTYPE_FP32;
+    args.algorithm = ARBITER_ALGORITHM_ONESHOT;
+    args.tokens = kTokens;
+    args.hidden = kHidden;
+    args.input = input.data();
+    args.allreduce_out = output.data();
+    std::uint64_t counter = (std::uint64_t{1} << 32) - 1;
+    if (after_two_calls) {
+      std::fill(input.begin(), input.end(), 10.0f * static_cast<float>(rank + 1));
+      for (int call = 0; call < 2; ++call) {
+        if (module.run(workspace, &args, nullptr) != ARBITER_OK) return module.last_error();
+      }
+      counter = (std::uint64_t{1} << 32) + 1;
+    }
+    // Every rank sets it before anyone calls again (it must agree across ranks).
+    if (oob.barrier(oob.ctx, kTimeoutMs) != ARBITER_OK) return "barrier failed";
+    reinterpret_cast<arbiter::shm::Workspace*>(workspace)->oneshot_calls = counter;
+    if (oob.barrier(oob.ctx, kTimeoutMs) != ARBITER_OK) return "barrier failed";
+    std::fill(input.begin(), input.end(), static_cast<float>(rank + 1));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (module.run(workspace, &args, nullptr) != ARBITER_OK) return module.last_error();
+    std::string result;
+    const float expected = static_cast<float>(oob.size * (oob.size + 1) / 2);
+    for (std::size_t i = 0; i < output.size() && result.empty(); ++i) {
+      if (output[i] != expected) {
+        result = "call number " + std::to_string(counter) + ": element " + std::to_string(i) +
+                 " is " + std::to_string(output[i]) + ", expected " + std::to_string(expected);
+      }
+    }
+    if (oob.barrier(oob.ctx, kTimeoutMs) != ARBITER_OK) return "barrier failed";
+    module.workspace_destroy(workspace);
+    if (!result.empty()) return result;
+  }
+  return "";
+}
+
+BOOST_AUTO_TEST_CASE(one_shot_sequence_numbers_do_not_wrap_after_two_to_the_32_calls) {
+  run_group(2, sequence_numbers_never_wrap);
+}
+
 std::string negative_zero_and_subnormals(int rank, const arbiter_oob& oob) {
   const auto& module = shm();
   // 1000: the last 8 elements of each row take the kernels' scalar tail.
