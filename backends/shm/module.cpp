@@ -189,14 +189,15 @@ Status run_algorithm(Workspace& workspace, const arbiter_allreduce_args& args) {
 // slices pair up across ranks.
 Status run_streamed(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(args.dtype);
-  const auto slice_tokens = static_cast<std::uint32_t>(workspace.slot_bytes() / row_bytes);
+  // At least 1: a slot holds at least a row.
+  const std::uint64_t slice_tokens = workspace.slot_bytes() / row_bytes;
   if (args.tokens <= slice_tokens) return run_algorithm(workspace, args);
-  for (std::uint32_t first = 0; first < args.tokens; first += slice_tokens) {
-    const arbiter_allreduce_args slice =
-        common::token_slice(args, first, std::min(slice_tokens, args.tokens - first));
-    if (Status status = run_algorithm(workspace, slice); !status.ok()) return status;
-  }
-  return {};
+  Status status;
+  common::for_each_token_slice(args, slice_tokens, [&](const arbiter_allreduce_args& slice) {
+    status = run_algorithm(workspace, slice);
+    return status.ok();
+  });
+  return status;
 }
 
 std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, void*) {

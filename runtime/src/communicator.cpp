@@ -302,18 +302,13 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
             " bytes per call); create the communicator with the real hidden size";
     return ARBITER_UNSUPPORTED;
   }
-  const std::uint32_t total = call.tokens;
-  for (std::uint32_t done = 0; done < total;) {
-    const arbiter_allreduce_args slice = common::token_slice(
-        call, done, static_cast<std::uint32_t>(std::min<std::uint64_t>(per_slice, total - done)));
-    const std::int32_t status = w.module->run(w.handle, &slice, stream);
-    if (status != ARBITER_OK) {
-      error = w.module->last_error();
-      return status;
-    }
-    done += slice.tokens;
-  }
-  return ARBITER_OK;
+  std::int32_t status = ARBITER_OK;
+  common::for_each_token_slice(call, per_slice, [&](const arbiter_allreduce_args& slice) {
+    status = w.module->run(w.handle, &slice, stream);
+    if (status != ARBITER_OK) error = w.module->last_error();
+    return status == ARBITER_OK;
+  });
+  return status;
 }
 
 Decision Communicator::decide(const arbiter_allreduce_args& args) const noexcept {

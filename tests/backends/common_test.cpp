@@ -20,6 +20,7 @@
 #include "arbiter/common/rmsnorm.h"
 #include "arbiter/common/sentinel.h"
 #include "arbiter/common/stages.h"
+#include "arbiter/common/token_slice.h"
 
 using namespace arbiter::common;
 
@@ -328,6 +329,60 @@ BOOST_AUTO_TEST_CASE(linear_scale_layout_is_row_major) {
   BOOST_TEST(linear_scale_bytes(3, 180) == 540u);
   BOOST_TEST(scale_offset(true, 2, 5, 180) == 365u);
   BOOST_TEST(scale_offset(false, 1, 0, 180) == 16u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(token_slices)
+
+// Streaming a call through a workspace: consecutive slices that cover every
+// token once, each advanced by the slice's own length.
+BOOST_AUTO_TEST_CASE(slices_cover_a_call_of_two_to_the_32_minus_one_tokens_and_end) {
+  // bf16, hidden 1, 1 MiB slots: 2^19 tokens a slice. Stepping by 2^19
+  // instead went from token 2^32 - 2^19 to 2^32, which wraps to 0, and the
+  // call started over, forever.
+  arbiter_allreduce_args call{};
+  call.dtype = ARBITER_DTYPE_BF16;
+  call.hidden = 1;
+  call.tokens = std::numeric_limits<std::uint32_t>::max();
+  call.input = reinterpret_cast<const void*>(std::uintptr_t{1} << 40);
+  const std::uint64_t per_slice = std::uint64_t{1} << 19;
+  std::uint64_t slices = 0, covered = 0;
+  bool in_order = true;
+  const bool finished =
+      arbiter::common::for_each_token_slice(call, per_slice, [&](const arbiter_allreduce_args& s) {
+        // Each slice starts where the previous one ended (2 bytes a token).
+        in_order = in_order && static_cast<const std::byte*>(s.input) ==
+                                   static_cast<const std::byte*>(call.input) + 2 * covered;
+        covered += s.tokens;
+        ++slices;
+        return slices <= 8192;  // a wrapped loop is stopped here, not left to spin
+      });
+  BOOST_TEST(finished);
+  BOOST_TEST(slices == 8192u);
+  BOOST_TEST(covered == call.tokens);
+  BOOST_TEST(in_order);
+}
+
+BOOST_AUTO_TEST_CASE(slices_stop_at_the_first_that_fails) {
+  arbiter_allreduce_args call{};
+  call.dtype = ARBITER_DTYPE_FP32;
+  call.hidden = 4;
+  call.tokens = 10;
+  std::vector<std::uint32_t> lengths;
+  const bool finished =
+      arbiter::common::for_each_token_slice(call, 3, [&](const arbiter_allreduce_args& s) {
+        lengths.push_back(s.tokens);
+        return lengths.size() < 2;
+      });
+  BOOST_TEST(!finished);
+  BOOST_TEST(lengths == (std::vector<std::uint32_t>{3, 3}));
+  lengths.clear();
+  BOOST_TEST(arbiter::common::for_each_token_slice(call, 3, [&](const arbiter_allreduce_args& s) {
+    lengths.push_back(s.tokens);
+    return true;
+  }));
+  BOOST_TEST(lengths == (std::vector<std::uint32_t>{3, 3, 3, 1}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -4,6 +4,7 @@
 // slots; the communicator slices for fixed-capacity fallbacks).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -39,6 +40,22 @@ inline arbiter_allreduce_args token_slice(const arbiter_allreduce_args& call, st
   slice.norm_out = detail::advanced(call.norm_out, offset);
   slice.quant_out = detail::advanced(call.quant_out, std::size_t{first} * call.hidden);
   return slice;
+}
+
+// Calls fn(slice) for the consecutive slices of at most `per_slice` (> 0)
+// tokens that cover `call`, in order, while fn returns true; returns whether
+// every slice ran. Each step advances by the slice's own length, so a call of
+// up to 2^32 - 1 tokens ends whatever `per_slice` is (stepping by per_slice
+// would wrap past 2^32 and start over).
+template <class Fn>
+bool for_each_token_slice(const arbiter_allreduce_args& call, std::uint64_t per_slice, Fn&& fn) {
+  for (std::uint32_t done = 0; done < call.tokens;) {
+    const auto count =
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(per_slice, call.tokens - done));
+    if (!fn(token_slice(call, done, count))) return false;
+    done += count;
+  }
+  return true;
 }
 
 }  // namespace arbiter::common
