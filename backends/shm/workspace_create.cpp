@@ -156,6 +156,17 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
                   read_text(hellos[rank].message)};
     }
   }
+  // The allgather orders by the group's ranks; a process whose oob.rank is
+  // not its place there (two processes that both say rank 0, or a group
+  // whose order is not the ranks') would share another's slots.
+  for (std::size_t place = 0; place < hellos.size(); ++place) {
+    if (hellos[place].rank != static_cast<std::int32_t>(place)) {
+      return {ARBITER_INVALID_ARGUMENT,
+              "shm workspace creation: the oob group's rank " + std::to_string(place) +
+                  " says it is rank " + std::to_string(hellos[place].rank) +
+                  "; every process must pass its own rank in the group, each a different one"};
+    }
+  }
   const Hello& first = hellos.front();
   for (std::size_t rank = 1; rank < hellos.size(); ++rank) {
     const Hello& other = hellos[rank];

@@ -770,6 +770,27 @@ BOOST_AUTO_TEST_CASE(creation_fails_on_every_rank_when_one_rank_fails) {
 // Taken in the parent before forking, read in the children.
 std::set<std::string> g_entries_before;
 
+// Two processes that both say they are rank 0 (oob.rank and spec.rank; the
+// group itself still orders them 0 and 1) would share rank 0's slots.
+BOOST_AUTO_TEST_CASE(creation_refuses_two_processes_that_say_they_are_the_same_rank) {
+  run_group(2, [](int, const arbiter_oob& oob) -> std::string {
+    arbiter_oob claims_rank_0 = oob;
+    claims_rank_0.rank = 0;
+    const arbiter_workspace_spec spec = make_spec(claims_rank_0, ARBITER_DTYPE_BF16, 4096);
+    arbiter_workspace* workspace = nullptr;
+    const std::int32_t code = shm().workspace_create(&claims_rank_0, &spec, &workspace);
+    const std::string message = shm().last_error();
+    if (code != ARBITER_INVALID_ARGUMENT || workspace != nullptr) {
+      if (workspace != nullptr) shm().workspace_destroy(workspace);
+      return "expected ARBITER_INVALID_ARGUMENT, got " + std::to_string(code) + ": " + message;
+    }
+    if (message.find("group's rank 1 says it is rank 0") == std::string::npos) {
+      return "the error does not say which rank is claimed twice: " + message;
+    }
+    return "";
+  });
+}
+
 BOOST_AUTO_TEST_CASE(no_shared_memory_name_is_left_once_creation_returns) {
   // So a rank that crashes during a run leaks nothing into /dev/shm.
   g_entries_before = shm_entries();
