@@ -461,14 +461,9 @@ std::string sequence_numbers_never_wrap(int rank, const arbiter_oob& oob) {
       return std::string("workspace_create: ") + module.last_error();
     }
     std::vector<float> input(std::size_t{kTokens} * kHidden), output(input.size());
-    arbiter_allreduce_args args{};
-    args.pattern = ARBITER_PATTERN_ALLREDUCE;
-    args.dtype = ARBITER_DTYPE_FP32;
-    args.algorithm = ARBITER_ALGORITHM_ONESHOT;
-    args.tokens = kTokens;
-    args.hidden = kHidden;
-    args.input = input.data();
-    args.allreduce_out = output.data();
+    const arbiter_allreduce_args args =
+        allreduce_args(ARBITER_DTYPE_FP32, ARBITER_ALGORITHM_ONESHOT, kTokens, kHidden,
+                       input.data(), output.data());
     std::uint64_t counter = (std::uint64_t{1} << 32) - 1;
     if (after_two_calls) {
       std::fill(input.begin(), input.end(), 10.0f * static_cast<float>(rank + 1));
@@ -532,14 +527,8 @@ std::string negative_zero_and_subnormals(int rank, const arbiter_oob& oob) {
       }
       for (arbiter_algorithm algorithm :
            {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
-        arbiter_allreduce_args args{};
-        args.pattern = ARBITER_PATTERN_ALLREDUCE;
-        args.dtype = dtype;
-        args.algorithm = algorithm;
-        args.tokens = kTokens;
-        args.hidden = kHidden;
-        args.input = input.data();
-        args.allreduce_out = output.data();
+        const arbiter_allreduce_args args =
+            allreduce_args(dtype, algorithm, kTokens, kHidden, input.data(), output.data());
         const std::string where = std::string(dtype_name(dtype)) + " fill " + std::to_string(fill) +
                                   " " + algorithm_name(algorithm);
         if (module.run(workspace, &args, nullptr) != ARBITER_OK) {

@@ -75,6 +75,21 @@ inline arbiter_workspace_spec make_spec(const arbiter_oob& oob, arbiter_dtype dt
   return spec;
 }
 
+// A plain all-reduce of tokens x hidden elements of `dtype`, input to output.
+inline arbiter_allreduce_args allreduce_args(arbiter_dtype dtype, arbiter_algorithm algorithm,
+                                             std::uint32_t tokens, std::uint32_t hidden,
+                                             const void* input, void* output) {
+  arbiter_allreduce_args args{};
+  args.pattern = ARBITER_PATTERN_ALLREDUCE;
+  args.dtype = dtype;
+  args.algorithm = algorithm;
+  args.tokens = tokens;
+  args.hidden = hidden;
+  args.input = input;
+  args.allreduce_out = output;
+  return args;
+}
+
 inline const char* dtype_name(arbiter_dtype dtype) {
   return dtype == ARBITER_DTYPE_FP32 ? "fp32" : dtype == ARBITER_DTYPE_BF16 ? "bf16" : "fp16";
 }
