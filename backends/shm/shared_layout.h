@@ -60,6 +60,7 @@ struct SequenceWord {
   std::uint64_t value;
   std::uint32_t wake;
 };
+static_assert(sizeof(SequenceWord) <= kLine, "one sequence word per line");
 
 // The largest slot: a rank's share of one slice. Calls beyond it stream
 // (one more synchronisation per MiB per rank, well under 1% of moving it),
