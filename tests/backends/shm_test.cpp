@@ -440,8 +440,6 @@ BOOST_AUTO_TEST_CASE(back_to_back_calls_stay_exact_when_ranks_are_preempted_at_r
   run_group(8, back_to_back, 120, /*preempt=*/true);
 }
 
-// 2 ranks take the kernels' two-rank sums (token_kernels_vector.h), 4 the
-// general ones.
 // One-shot sequence numbers after 2^32 calls (a server makes that many in
 // hours): a peer's chunk counts as published only once this call published
 // it, never because a line still holds a number from long ago. The call
@@ -498,6 +496,8 @@ BOOST_AUTO_TEST_CASE(one_shot_sequence_numbers_do_not_wrap_after_two_to_the_32_c
   run_group(2, sequence_numbers_never_wrap);
 }
 
+// 2 ranks take the kernels' two-rank sums (token_kernels_vector.h), 4 the
+// general ones.
 std::string negative_zero_and_subnormals(int rank, const arbiter_oob& oob) {
   const auto& module = shm();
   // 1000: the last 8 elements of each row take the kernels' scalar tail.
