@@ -51,6 +51,23 @@ std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_
            {quantized ? static_cast<std::byte*>(args.quant_out) : nullptr, args.hidden}}};
 }
 
+// Tokens [first, end) of every output the call writes, copied into the
+// staging slots (`stage`) or back out of them.
+void copy_staged(Workspace& workspace, const std::array<StagedOutput, kStagedOutputs>& outputs,
+                 std::uint32_t first, std::uint32_t end, bool stage) {
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k].buffer == nullptr) continue;
+    std::byte* const own = outputs[k].buffer + first * outputs[k].row_bytes;
+    std::byte* const staged = workspace.staged_output(k) + first * outputs[k].row_bytes;
+    const std::size_t bytes = (end - first) * outputs[k].row_bytes;
+    if (stage) {
+      std::memcpy(staged, own, bytes);
+    } else {
+      std::memcpy(own, staged, bytes);
+    }
+  }
+}
+
 // The epilogue on this rank's slice [first, end), then the other slices'
 // outputs from their owners.
 // The slice goes through the kernel a one-shot chunk of tokens at a time,
@@ -65,30 +82,19 @@ Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& arg
   const std::byte* const* rows = workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input,
                                                             first, end - first, row_bytes);
   const auto outputs = staged_outputs(args, row_bytes);
+  float* const row = workspace.row_scratch(args.hidden);
   const auto chunk_tokens = static_cast<std::uint32_t>(oneshot_chunk_tokens(row_bytes));
   for (std::uint32_t token = first; token < end; token += chunk_tokens) {
-    const std::uint32_t tokens = std::min(chunk_tokens, end - token);
-    workspace.kernels().reduce_tokens(args, rows, ranks, token, tokens,
-                                      workspace.row_scratch(args.hidden));
-    for (std::size_t k = 0; k < outputs.size(); ++k) {
-      if (outputs[k].buffer == nullptr) continue;
-      const std::size_t offset = token * outputs[k].row_bytes;
-      std::memcpy(workspace.staged_output(k) + offset, outputs[k].buffer + offset,
-                  tokens * outputs[k].row_bytes);
-    }
+    const std::uint32_t stop = std::min(end, token + chunk_tokens);
+    workspace.kernels().reduce_tokens(args, rows, ranks, token, stop - token, row);
+    copy_staged(workspace, outputs, token, stop, /*stage=*/true);
   }
   Status status = workspace.barrier(backoff, "two-shot barrier 2 (slice outputs staged)");
   if (!status.ok()) return status;
   for (std::int32_t q = 0; q < ranks; ++q) {
     if (q == workspace.rank()) continue;
-    const std::uint32_t begin = common::slice_begin(args.tokens, ranks, q);
-    const std::uint32_t stop = common::slice_end(args.tokens, ranks, q);
-    for (std::size_t k = 0; k < outputs.size(); ++k) {
-      if (outputs[k].buffer == nullptr) continue;
-      const std::size_t offset = begin * outputs[k].row_bytes;
-      std::memcpy(outputs[k].buffer + offset, workspace.staged_output(k) + offset,
-                  (stop - begin) * outputs[k].row_bytes);
-    }
+    copy_staged(workspace, outputs, common::slice_begin(args.tokens, ranks, q),
+                common::slice_end(args.tokens, ranks, q), /*stage=*/false);
   }
   return {};
 }
