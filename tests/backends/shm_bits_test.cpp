@@ -197,14 +197,9 @@ arbiter_allreduce_args args_for(arbiter_dtype dtype, arbiter_pattern pattern,
                                 const std::vector<std::byte>& residual,
                                 const std::vector<std::byte>& gamma, const float& scale,
                                 Outputs& out) {
-  arbiter_allreduce_args a{};
+  arbiter_allreduce_args a =
+      allreduce_args(dtype, algorithm, kTokens, kHidden, input, out.allreduce_out.data());
   a.pattern = pattern;
-  a.dtype = dtype;
-  a.algorithm = algorithm;
-  a.tokens = kTokens;
-  a.hidden = kHidden;
-  a.input = input;
-  a.allreduce_out = out.allreduce_out.data();
   a.residual_in = residual.data();
   a.residual_out = out.residual_out.data();
   a.gamma = gamma.data();
