@@ -106,9 +106,8 @@ Request read_request(const po::variables_map& vm, bool with_size) {
   if (!cap) throw UsageError{"--capability: " + cap.error};
   r.capability = *cap.value;
   r.world_size = vm["world-size"].as<std::uint32_t>();
-  if (r.world_size < 2) {
-    throw UsageError{"--world-size " + std::to_string(r.world_size) +
-                     ": an all-reduce needs at least 2 ranks"};
+  if (r.world_size < 1) {
+    throw UsageError{"--world-size 0: a group has at least 1 rank"};
   }
   r.nodes = vm["nodes"].as<std::uint32_t>();
   if (r.nodes < 1 || r.nodes > r.world_size) {

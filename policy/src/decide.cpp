@@ -67,8 +67,10 @@ void explain_fallback(const Compiled& c, const Request& r, Reason reason, Decisi
   d.backend = why == Ineligible::kEligible ? fb : Backend::kNone;
 }
 
+// One rank is a valid group: no cell fuses it (cells need 2), so the
+// fallback runs its epilogue, where the fallback's world_sizes include 1.
 bool valid_request(const Request& r) {
-  return r.world_size >= 2 && r.nodes >= 1 && r.nodes <= r.world_size;
+  return r.world_size >= 1 && r.nodes >= 1 && r.nodes <= r.world_size;
 }
 
 }  // namespace

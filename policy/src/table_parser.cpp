@@ -167,12 +167,15 @@ class Parser {
     return true;
   }
 
-  std::optional<std::uint32_t> world_size(const YamlNode& node) {
+  // Cells need 2 ranks (one rank has nothing to fuse); a backend's
+  // world_sizes may include 1 (it runs single-rank groups: the epilogue).
+  std::optional<std::uint32_t> world_size(const YamlNode& node, std::int64_t least = 2) {
     auto v = integer(node, "world size");
     if (!v) return std::nullopt;
-    if (*v < 2) {
-      error(node, "world size " + std::to_string(*v) +
-                      " is below 2; an all-reduce needs at least 2 ranks");
+    if (*v < least) {
+      error(node, "world size " + std::to_string(*v) + " is below " + std::to_string(least) +
+                      (least == 2 ? "; an all-reduce needs at least 2 ranks"
+                                  : "; a backend serves groups of at least 1 rank"));
       return std::nullopt;
     }
     if (*v > kMaxWorldSize) {
@@ -244,7 +247,7 @@ void parse_world_sizes(Parser& p, const YamlNode& node, BackendLayer& b) {
     }
     std::string text;
     for (const YamlNode& item : node.items) {
-      auto v = p.world_size(item);
+      auto v = p.world_size(item, 1);
       if (!v) return;
       ws.set(*v);
       text += (text.empty() ? "" : ", ") + std::to_string(*v);
@@ -253,7 +256,7 @@ void parse_world_sizes(Parser& p, const YamlNode& node, BackendLayer& b) {
   } else if (node.is_map()) {
     std::optional<std::uint32_t> lo, hi;
     for (const auto* e : p.entries(node, {"min", "max"}, "world_sizes")) {
-      (e->first.value == "min" ? lo : hi) = p.world_size(e->second);
+      (e->first.value == "min" ? lo : hi) = p.world_size(e->second, 1);
     }
     if (!lo || !hi) {
       if (!p.failed()) p.error(node, "world_sizes needs both min and max");

@@ -267,7 +267,7 @@ class Policy:
         """The decision for one call: decide(Request(...)) or
         decide(capability=103, world_size=16, nodes=4, nvlink_domain=True,
         multicast=True, message_bytes="64MiB"). Never allocates in the library;
-        an impossible request (world size 1, nodes > world size) is a decision
+        an impossible request (world size 0, nodes > world size) is a decision
         with reason "invalid_request", not an exception."""
         c = _request(request, fields)._to_c()
         out = _library.CDecision()

@@ -278,8 +278,15 @@ def test_unknown_names_are_errors_not_defaults(defaults):
 
 
 def test_an_impossible_request_is_a_decision_not_an_exception(defaults):
-    d = defaults.decide(capability=90, world_size=1, message_bytes=KiB)
+    d = defaults.decide(capability=90, world_size=2, nodes=3, message_bytes=KiB)
     assert (d.backend, d.fused, d.reason) == ("nccl", False, "invalid_request")
+
+
+def test_a_single_rank_goes_to_the_fallback(defaults):
+    # TP=1 runs through the same code: no cell fuses one rank.
+    for capability, backend in ((90, "nccl"), ("cpu", "shm")):
+        d = defaults.decide(capability=capability, world_size=1, message_bytes=KiB)
+        assert (d.backend, d.fused, d.reason) == (backend, False, "no_fusion_cell")
 
 
 def test_a_closed_policy_refuses_calls():

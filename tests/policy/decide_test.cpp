@@ -188,7 +188,7 @@ BOOST_AUTO_TEST_CASE(an_excluded_backend_hands_the_call_to_the_next_choice) {
 
 BOOST_AUTO_TEST_CASE(invalid_requests_fall_back_without_crashing) {
   const Policy p = with("");
-  for (auto [ws, nodes] : {std::pair{0u, 1u}, {1u, 1u}, {4u, 0u}, {4u, 5u}}) {
+  for (auto [ws, nodes] : {std::pair{0u, 1u}, {1u, 2u}, {4u, 0u}, {4u, 5u}}) {
     Request r;
     r.capability = Capability::sm(100);
     r.world_size = ws;

@@ -106,11 +106,22 @@ BOOST_AUTO_TEST_CASE(tokens_and_hidden_give_the_size_and_the_token_count) {
   BOOST_TEST(contains(r.output, "stays oneshot"), r.output);
 }
 
+// A TP=1 job asks too: one rank has no fusion cell, so the fallback runs the
+// epilogue (nccl on GPUs, shm on CPUs, whose world_sizes include 1).
+BOOST_AUTO_TEST_CASE(world_size_1_goes_to_the_fallback) {
+  const CommandResult gpu = run_arbiter("decide --capability 90 --world-size 1 --bytes 4KiB");
+  BOOST_TEST(gpu.exit_code == 0, gpu.output);
+  BOOST_TEST(contains(gpu.output, "nccl native unfused"), gpu.output);
+  const CommandResult cpu = run_arbiter("decide --capability cpu --world-size 1 --bytes 4KiB");
+  BOOST_TEST(cpu.exit_code == 0, cpu.output);
+  BOOST_TEST(contains(cpu.output, "shm native unfused"), cpu.output);
+}
+
 BOOST_AUTO_TEST_CASE(bad_flags_are_usage_errors) {
   for (const char* args :
        {"decide --world-size 8 --bytes 1", "decide --capability 90 --bytes 1",
         "decide --capability sm_90a --world-size 8 --bytes 1",
-        "decide --capability 90 --world-size 1 --bytes 1", "decide --capability 90 --world-size 8",
+        "decide --capability 90 --world-size 0 --bytes 1", "decide --capability 90 --world-size 8",
         "decide --capability 90 --world-size 8 --bytes 1 --tokens 2 --hidden 4",
         "decide --capability 90 --world-size 8 --bytes 64MB",
         "decide --capability 90 --world-size 8 --bytes 1 --dtype fp8",
@@ -227,9 +238,9 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
   }
   BOOST_TEST(saw_shm, r.output);
   // A folder of broken modules on ARBITER_PLUGIN_PATH is reported, not fatal.
-  const CommandResult broken = run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" +
-                                           std::string(ARBITER_PLUGIN_DIR) + " " + ARBITER_BIN +
-                                           " plugins");
+  const CommandResult broken =
+      run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" + std::string(ARBITER_PLUGIN_DIR) + " " +
+                  ARBITER_BIN + " plugins");
   BOOST_TEST(broken.exit_code == 0, broken.output);
   BOOST_TEST(contains(broken.output, "shm  ABI v1  available (cpu ranks)"), broken.output);
 }

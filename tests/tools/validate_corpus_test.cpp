@@ -108,7 +108,7 @@ const std::vector<BadCase> kBadCases = {
   {"min_capability_cpu.yaml",              1, 5, {"min_capability", "cpu"}},
   // world sizes and nodes
   {"world_size_1.yaml",                    1, 4, {"world size 1", "below 2"}},
-  {"world_size_0.yaml",                    1, 5, {"world size 0", "below 2"}},
+  {"world_size_0.yaml",                    1, 5, {"world size 0", "below 1"}},
   {"world_size_above_1024.yaml",           1, 4, {"2048", "1024"}},
   {"world_sizes_min_above_max.yaml",       1, 5, {"min 64", "max 8"}},
   {"nodes_above_world_size.yaml",          1, 4, {"nodes 16", "above world size 8"}},
