@@ -20,7 +20,7 @@ namespace arbiter::shm {
 
 namespace {
 
-constexpr std::int32_t kMinWorldSize = 2;
+constexpr std::int32_t kMinWorldSize = 1;  // one rank: the epilogue alone, no exchange
 constexpr std::int32_t kMaxWorldSize = 63;
 
 template <class Body>

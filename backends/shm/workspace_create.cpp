@@ -110,9 +110,9 @@ Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
 // Also chooses this rank's kernels (ARBITER_SHM_ISA).
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
                   const TokenKernels** kernels) {
-  if (spec.world_size < 2 || spec.world_size > kMaxWorldSize) {
+  if (spec.world_size < 1 || spec.world_size > kMaxWorldSize) {
     return {ARBITER_UNSUPPORTED, "world size " + std::to_string(spec.world_size) +
-                                     " is outside the 2..63 this backend supports"};
+                                     " is outside the 1..63 this backend supports"};
   }
   if (oob.size != spec.world_size) {
     return {ARBITER_INVALID_ARGUMENT, "spec.world_size is " + std::to_string(spec.world_size) +
@@ -270,6 +270,26 @@ Status map_object(const std::string& name, const Layout& layout, const arbiter_w
   return {};
 }
 
+// A single rank's workspace: the same layout in anonymous private memory.
+// Its algorithms meet no peer (every barrier and wait passes at once).
+Status create_private(const Layout& layout, const arbiter_workspace_spec& spec,
+                      const TokenKernels& kernels, Workspace** out) {
+  void* base =
+      mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) {
+    const std::string call = "mmap of " + std::to_string(layout.total) + " private bytes";
+    return {ARBITER_UNAVAILABLE, "shm workspace creation: " + errno_text(call.c_str())};
+  }
+  fill_header(base, layout, spec);
+  try {
+    *out = new Workspace(base, layout, 0, 1, spec.dtype, spec.timeout_ms, kernels);
+  } catch (...) {
+    munmap(base, layout.total);
+    throw;
+  }
+  return {};
+}
+
 }  // namespace
 
 Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
@@ -299,6 +319,9 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   // The verdict saw a world size > 0; a slot is at most max(1 MiB, one row of
   // at most 16 GiB): always a layout.
   const Layout layout = *compute_layout(spec.world_size, hello.slot_bytes);
+
+  // A group of one shares nothing: private memory, no /dev/shm object.
+  if (spec.world_size == 1) return create_private(layout, spec, *kernels, out);
 
   // 2. Rank 0 creates; everyone learns the name or why there is none.
   Announcement announcement{};
