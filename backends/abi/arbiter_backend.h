@@ -99,6 +99,10 @@ typedef struct arbiter_probe_args {
 #define ARBITER_CAPS_SINGLE_NODE_ONLY (1u << 0)
 #define ARBITER_CAPS_NEEDS_MULTICAST (1u << 1)
 #define ARBITER_CAPS_NEEDS_NVLINK (1u << 2)
+/* Ranks of different processes may share one GPU when the test mode
+ * ARBITER_TEST_SHARED_GPU=1 is set (slow, correct: their kernels take turns).
+ * In that mode the host creates no workspace of a module without it. */
+#define ARBITER_CAPS_SHARES_GPU (1u << 3)
 
 /* What a module can run on this device: its admission rules. The tables can
  * only narrow this (a table never admits a shape the module cannot run). */

@@ -71,6 +71,24 @@ def _stream_handle(stream: object) -> int:
     raise _invalid(f"stream: a {type(stream).__name__} is not a CUDA stream or handle")
 
 
+def _pattern_mask(patterns: object) -> int:
+    """arbiter_comm_options.pattern_mask for `patterns` (None: 0, every pattern)."""
+    if patterns is None:
+        return 0
+    if isinstance(patterns, (str, Pattern)):
+        patterns = (patterns,)
+    try:
+        names = list(patterns)
+    except TypeError:
+        raise _invalid(f"patterns: a {type(patterns).__name__} is not a list of patterns") from None
+    if not names:
+        raise _invalid("patterns: an empty list asks for nothing; pass None for every pattern")
+    mask = 0
+    for name in names:
+        mask |= 1 << int(parse_pattern(name))
+    return mask
+
+
 def _nvfp4_scale_bytes(tokens: int, hidden: int) -> int:
     """scale_out for NVFP4 in the 128x4 swizzled layout (16-element blocks)."""
     block_cols = hidden // 16
@@ -97,17 +115,25 @@ class Communicator:
         nodes: int = 1,
         nvlink_domain: bool = True,
         multicast: bool = False,
+        patterns: object = None,
     ) -> None:
         """Meets the other ranks through `oob`, the caller's own group: an
         object with allgather(bytes) -> list[bytes] (see arbiter.oob). GPU
         ranks (capability "9.0", 90 or (9, 0)) use CUDA device `local_rank`;
-        "cpu" ranks run on host memory (the shm backend)."""
+        "cpu" ranks run on host memory (the shm backend).
+
+        `patterns`: the patterns calls will use (names or Pattern values, e.g.
+        ["residual_rmsnorm"]); None asks for all four. Each backend is asked
+        only for those it runs on this device; a pattern no backend runs here
+        (NVFP4 below capability 10.0, say) is refused when called, with the
+        reason, and fewer patterns can mean smaller workspaces. A world size of
+        1 works: the fallback runs the residual add and norm on this rank."""
         if not isinstance(rank, int) or not isinstance(world_size, int) or not (
             0 <= rank < world_size
         ):
             raise _invalid(f"rank {rank!r} of world_size {world_size!r}: need 0 <= rank < size")
         self._setup(hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,
-                    multicast, local_rank)
+                    multicast, local_rank, patterns)
         if self.capability != 0 and local_rank is None:
             raise _invalid("local_rank: a GPU rank needs its CUDA device ordinal (LOCAL_RANK)")
         self._oob = PythonOob(oob, rank, world_size)
@@ -127,14 +153,17 @@ class Communicator:
         nodes: int = 1,
         nvlink_domain: bool = True,
         multicast: bool = False,
+        patterns: object = None,
+        device: int | None = None,
     ) -> "Communicator":
         """Collective: meets the other ranks through arbiter's UCX bootstrap
         from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
         MASTER_PORT), as `arbiter launch` and torchrun set them. GPU ranks
-        use CUDA device LOCAL_RANK."""
+        use CUDA device `device`, by default LOCAL_RANK. `patterns` as for
+        the constructor."""
         self = cls.__new__(cls)
         self._setup(hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,
-                    multicast, None)
+                    multicast, device, patterns)
         self._oob = None
         self._create(policy, lambda lib, p, o, h: lib.arbiter_comm_create_from_environment(
             p, o, h))
@@ -143,7 +172,7 @@ class Communicator:
     # --- creation ---------------------------------------------------------
 
     def _setup(self, hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,
-               multicast, local_rank) -> None:
+               multicast, local_rank, patterns) -> None:
         self._handle = ctypes.c_void_p()
         self._lock = threading.Lock()
         if not isinstance(hidden, int) or isinstance(hidden, bool) or not 0 < hidden < 2**32:
@@ -175,7 +204,7 @@ class Communicator:
             max_tokens=max_tokens or 0,
             hidden=hidden,
             dtype=int(self.dtype),
-            pattern_mask=0,
+            pattern_mask=_pattern_mask(patterns),
             timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)),
         )
 

@@ -235,3 +235,57 @@ def test_creation_fails_with_the_reason_and_waits_for_nobody(group, fields, mess
     with pytest.raises(arbiter.ArbiterError) as e:
         arbiter.Communicator(group, **kwargs)
     assert message in e.value.message
+
+
+class SoloGroup:
+    """The group of a single rank (TP=1)."""
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        return [data]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_one_rank_with_default_options_runs_the_norm(dtype):
+    # Every option at its default: every pattern asked for, one CPU rank.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype=dtype) as comm:
+        assert comm.world_size == 1 and comm.backends == ["shm"]
+        rng = np.random.default_rng(5)
+        x, residual, weight = (rng.standard_normal(shape).astype(np.float32)
+                               for shape in ((3, 64), (3, 64), (64,)))
+        if dtype == "bf16":  # bf16 as its bits: the top half of each float32
+            x, residual, weight = ((v.view(np.uint32) >> 16).astype(np.uint16)
+                                   for v in (x, residual, weight))
+        r = comm.allreduce_fusion(x, residual, weight, eps=1e-5)
+        assert (r.decision.backend, r.decision.fused) == ("shm", False)
+        ref = reference([as_float(x, dtype)], as_float(residual, dtype), as_float(weight, dtype),
+                        dtype)
+        for name in ("residual", "norm"):
+            got = as_float(getattr(r, name + "_out"), dtype)
+            assert np.all(np.abs(got - ref[name]) <= 2 * ref[name + "_bound"]), name
+
+
+def test_a_pattern_no_backend_runs_is_refused_when_called():
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16") as comm:
+        x = np.zeros((1, 64), dtype=np.uint16)
+        with pytest.raises(arbiter.ArbiterError) as e:
+            comm.allreduce_fusion(x, x, x[0], pattern="residual_rmsnorm_fp4", scale=1.0,
+                                  out={"quant_out": np.zeros((1, 32), np.uint8),
+                                       "scale_out": np.zeros(512, np.uint8)})
+        assert e.value.status == arbiter.Status.UNSUPPORTED
+        assert "no backend can run this residual_rmsnorm_fp4 (NVFP4) call" in e.value.message
+        assert "shm: does not run residual_rmsnorm_fp4" in e.value.message
+
+
+def test_patterns_narrow_what_the_communicator_runs():
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32",
+                              patterns=["residual_rmsnorm"]) as comm:
+        x = np.ones((2, 64), dtype=np.float32)
+        comm.allreduce_fusion(x, x, x[0])
+        with pytest.raises(arbiter.ArbiterError, match="created for residual_rmsnorm only"):
+            comm.allreduce_fusion(x)
+    for patterns, message in (([], "an empty list asks for nothing"),
+                              (["rmsnorm"], "unknown pattern"),
+                              (7, "is not a list of patterns")):
+        with pytest.raises(arbiter.ArbiterError, match=message):
+            arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32",
+                                 patterns=patterns)

@@ -195,7 +195,7 @@ arbiter::CommunicatorOptions to_options(const arbiter_comm_options& in) {
   o.max_tokens = in.max_tokens;
   o.hidden = in.hidden;
   o.dtype = static_cast<arbiter::Dtype>(in.dtype);
-  o.pattern_mask = in.pattern_mask == 0 ? 0xF : in.pattern_mask;
+  o.pattern_mask = in.pattern_mask;  // 0: every pattern
   if (in.timeout_ms > 0) o.timeout = std::chrono::milliseconds(in.timeout_ms);
   return o;
 }
@@ -204,6 +204,12 @@ bool valid_options(const arbiter_comm_options& in) {
   const std::int64_t dtype = raw_enum(in.dtype);
   if (!arbiter::common::is_valid_dtype(dtype)) {
     g_last_error = "options: unknown dtype " + std::to_string(dtype);
+    return false;
+  }
+  if ((in.pattern_mask & ~arbiter::CommunicatorOptions::kAllPatterns) != 0) {
+    g_last_error = "options: pattern_mask " + std::to_string(in.pattern_mask) +
+                   " has bits that name no pattern (bits 0-3: allreduce, residual_rmsnorm, "
+                   "residual_rmsnorm_fp8, residual_rmsnorm_fp4; 0 for all)";
     return false;
   }
   return valid_capability(in.capability, "options: ");

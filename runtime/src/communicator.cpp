@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <string_view>
 
 #include "arbiter/common/token_slice.h"
 
@@ -48,23 +49,133 @@ std::string why_unavailable(const Registry& registry, Backend b) {
   return "no module found (see `arbiter plugins`)";
 }
 
+constexpr const char* kSharedGpuVariable = "ARBITER_TEST_SHARED_GPU";
+constexpr const char* kSharedGpuDrop =
+    "dropped by the shared-GPU test mode (ARBITER_TEST_SHARED_GPU=1): this module cannot run "
+    "ranks of different processes on one GPU (NCCL refuses it)";
+
+// The shared-GPU test mode: "1" is on; unset or empty is off.
+bool shared_gpu_test_from_environment() {
+  const char* v = std::getenv(kSharedGpuVariable);
+  if (v == nullptr || *v == '\0') return false;
+  if (std::string_view(v) == "1") return true;
+  throw CommunicatorError(std::string(kSharedGpuVariable) + " is \"" + v +
+                          "\": the shared-GPU test mode (arbiter's tests and examples on fewer "
+                          "GPUs than ranks) is switched on by exactly 1; unset it otherwise");
+}
+
+// "residual_rmsnorm_fp4 (NVFP4)": the name, and what NVFP4 users search for.
+std::string pattern_label(std::uint32_t p) {
+  if (p >= kPatternCount) return "pattern " + std::to_string(p);
+  std::string name(pattern_name(static_cast<Pattern>(p)));
+  return p == static_cast<std::uint32_t>(Pattern::kResidualRmsnormFp4) ? name + " (NVFP4)" : name;
+}
+
+std::string pattern_names(std::uint32_t mask) {
+  std::string out;
+  for (int p = 0; p < kPatternCount; ++p) {
+    if (!((mask >> p) & 1u)) continue;
+    if (!out.empty()) out += ", ";
+    out += pattern_name(static_cast<Pattern>(p));
+  }
+  return out.empty() ? "none" : out;
+}
+
+// What every rank must agree on before any workspace exists, exchanged once.
+struct RankFacts {
+  std::uint64_t fingerprint;
+  std::uint16_t capability;
+  std::uint8_t shared_gpu_test;
+  std::uint8_t dtype;
+  std::uint32_t hidden;
+  std::uint32_t max_tokens;
+  std::uint32_t pattern_mask;
+  std::uint32_t nodes;
+  std::uint32_t topology;                 // nvlink_domain | multicast << 1
+  std::uint32_t available;                // bit (1 << Backend): modules this rank loaded
+  std::uint32_t patterns[kBackendCount];  // each available module's caps.pattern_mask
+  std::uint32_t flags[kBackendCount];     // and its caps.flags
+};
+
+// The first field on which some rank differs from rank 0, as an error.
+void check_agreement(const std::vector<RankFacts>& all) {
+  const RankFacts& a = all[0];
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const RankFacts& b = all[r];
+    const std::string who = "rank " + std::to_string(r) + " has ";
+    auto differ = [&](const std::string& what, const std::string& theirs, const std::string& ours,
+                      const std::string& fix) {
+      throw CommunicatorError("ranks differ in " + what + ": " + who + theirs + ", rank 0 has " +
+                              ours + "; " + fix);
+    };
+    if (b.fingerprint != a.fingerprint) {
+      throw CommunicatorError("tuning tables differ across ranks: " + who + "fingerprint " +
+                              hex(b.fingerprint) + ", rank 0 has " + hex(a.fingerprint) +
+                              "; give every rank the same ARBITER_CONFIG and ARBITER_BACKENDS");
+    }
+    if (b.capability != a.capability) {
+      differ("their devices", "capability " + std::to_string(b.capability),
+             std::to_string(a.capability), "an all-reduce group runs on one kind of device");
+    }
+    if (b.shared_gpu_test != a.shared_gpu_test) {
+      differ("the shared-GPU test mode", b.shared_gpu_test ? "it on" : "it off",
+             a.shared_gpu_test ? "it on" : "it off",
+             "set ARBITER_TEST_SHARED_GPU=1 on every rank or on none");
+    }
+    const std::string same = "every rank must create the communicator with the same options";
+    if (b.hidden != a.hidden) {
+      differ("hidden", std::to_string(b.hidden), std::to_string(a.hidden), same);
+    }
+    if (b.dtype != a.dtype) {
+      differ("dtype", std::string(dtype_name(static_cast<Dtype>(b.dtype))),
+             std::string(dtype_name(static_cast<Dtype>(a.dtype))), same);
+    }
+    if (b.max_tokens != a.max_tokens) {
+      differ("max_tokens", std::to_string(b.max_tokens), std::to_string(a.max_tokens), same);
+    }
+    if (b.pattern_mask != a.pattern_mask) {
+      differ("the patterns asked for", pattern_names(b.pattern_mask), pattern_names(a.pattern_mask),
+             same);
+    }
+    if (b.nodes != a.nodes || b.topology != a.topology) {
+      auto topo = [](const RankFacts& f) {
+        return std::to_string(f.nodes) + " node(s), NVLink domain " +
+               ((f.topology & 1u) ? "yes" : "no") + ", multicast " +
+               ((f.topology & 2u) ? "yes" : "no");
+      };
+      differ("the topology", topo(b), topo(a), same);
+    }
+  }
+}
+
 }  // namespace
 
 struct Communicator::Impl {
   const arbiter_oob& oob;
+  // The tables as loaded (for explaining a refusal), and as used: without
+  // the backends that have no workspace.
+  Policy tables_policy;
   Policy policy;
+  // `policy` without, further, the backends whose workspace lacks the
+  // pattern: decide() stays on the policy's fast path for every pattern.
+  std::vector<Policy> pattern_policy;
   CommunicatorOptions options;
+  std::uint32_t asked_patterns = 0;  // options.pattern_mask, 0 read as all
+  bool shared_gpu_test = false;
   Workspace workspaces[kBackendCount];
   std::uint32_t usable = 0;
+  // Patterns each backend's workspace runs (0 without one).
+  std::array<std::uint32_t, kBackendCount> patterns{};
   // Backends the policy might pick that have no workspace; after creation the
   // policy no longer allows them.
   std::uint32_t unusable_candidates = 0;
+  std::vector<Backend> candidates;
   std::vector<std::string> dropped;
   // Why a backend has no workspace (for run_on); empty for usable ones.
   std::array<std::string, kBackendCount> no_workspace;
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
-      : oob(o), policy(std::move(p)), options(opt) {}
+      : oob(o), tables_policy(p), policy(std::move(p)), options(opt) {}
 
   Request request_for(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   std::uint64_t capacity(Backend b, Algorithm algorithm) const;
@@ -88,11 +199,16 @@ struct Communicator::Impl {
     return policy.tables().fallback[static_cast<int>(options.capability.device())];
   }
 
-  void drop(Backend b, const std::string& why) {
+  void drop(Backend b, const std::string& why, bool say = true) {
     no_workspace[static_cast<int>(b)] = why;
     dropped.push_back(std::string(backend_name(b)) + ": " + why);
-    if (oob.rank == 0) std::cerr << "arbiter: backend " << dropped.back() << "\n";
+    if (say && oob.rank == 0) std::cerr << "arbiter: backend " << dropped.back() << "\n";
   }
+
+  // Why no backend runs `args` (declined[b]: what backend b said when it
+  // declined the call). Only on the error path: it allocates.
+  std::string refusal(const arbiter_allreduce_args& args, std::uint32_t excluded,
+                      const std::array<std::string, kBackendCount>& declined) const;
 
   void create(const Registry& registry);
   void destroy();
@@ -100,29 +216,56 @@ struct Communicator::Impl {
 
 void Communicator::Impl::create(const Registry& registry) {
   const auto timeout = options.timeout;
-  // 1. Every rank decides identically only with identical tables.
-  const std::uint64_t fp = policy.fingerprint();
-  const auto fps = allgather(oob, fp, timeout, "policy fingerprints");
-  for (int r = 0; r < oob.size; ++r) {
-    if (fps[r] != fps[0]) {
-      throw CommunicatorError("tuning tables differ across ranks: rank " + std::to_string(r) +
-                              " has fingerprint " + hex(fps[r]) + ", rank 0 has " + hex(fps[0]) +
-                              "; give every rank the same ARBITER_CONFIG and ARBITER_BACKENDS");
+  constexpr std::uint32_t kAll = CommunicatorOptions::kAllPatterns;
+  if ((options.pattern_mask & ~kAll) != 0) {
+    throw CommunicatorError("pattern_mask " + std::to_string(options.pattern_mask) +
+                            " has bits that name no pattern (bit 0 allreduce ... bit " +
+                            std::to_string(kPatternCount - 1) + " residual_rmsnorm_fp4)");
+  }
+  asked_patterns = options.pattern_mask == 0 ? kAll : options.pattern_mask;
+  // The mode concerns GPU modules only; CPU ranks ignore it (but not a
+  // value that means nothing).
+  const bool mode = shared_gpu_test_from_environment();
+  shared_gpu_test = mode && !options.capability.is_cpu();
+
+  // 1. Every rank decides identically only with identical tables, options
+  // and backends: one exchange of everything that must agree.
+  RankFacts mine{};
+  mine.fingerprint = policy.fingerprint();
+  mine.capability = options.capability.code();
+  mine.shared_gpu_test = shared_gpu_test ? 1 : 0;
+  mine.dtype = static_cast<std::uint8_t>(options.dtype);
+  mine.hidden = options.hidden;
+  mine.max_tokens = options.max_tokens;
+  mine.pattern_mask = asked_patterns;
+  mine.nodes = options.nodes;
+  mine.topology = (options.nvlink_domain ? 1u : 0u) | (options.multicast ? 2u : 0u);
+  mine.available = registry.available_mask();
+  for (int i = 0; i < kBackendCount; ++i) {
+    if (const ModuleInfo* m = registry.info(static_cast<Backend>(i)); m && m->available) {
+      mine.patterns[i] = m->caps.pattern_mask;
+      mine.flags[i] = m->caps.flags;
     }
   }
-  const std::uint16_t cap = options.capability.code();
-  const auto caps = allgather(oob, cap, timeout, "device capabilities");
-  for (int r = 0; r < oob.size; ++r) {
-    if (caps[r] != caps[0]) {
-      throw CommunicatorError("ranks have different devices: rank " + std::to_string(r) +
-                              " has capability " + std::to_string(caps[r]) + ", rank 0 has " +
-                              std::to_string(caps[0]));
-    }
-  }
-  // 2. The same backends on every rank: AND of what each could load.
-  const std::uint32_t local = registry.available_mask();
+  const auto facts = allgather(oob, mine, timeout, "what every rank must agree on");
+  check_agreement(facts);
+  // 2. The same backends on every rank: AND of what each could load, and of
+  // the patterns and flags each module reported.
+  const std::uint32_t local = mine.available;
   std::uint32_t common = local;
-  for (std::uint32_t m : allgather(oob, local, timeout, "backend availability")) common &= m;
+  std::array<std::uint32_t, kBackendCount> common_patterns{};
+  std::array<std::uint32_t, kBackendCount> common_flags{};
+  for (int i = 0; i < kBackendCount; ++i) {
+    common_patterns[i] = mine.patterns[i];
+    common_flags[i] = mine.flags[i];
+  }
+  for (const RankFacts& f : facts) {
+    common &= f.available;
+    for (int i = 0; i < kBackendCount; ++i) {
+      common_patterns[i] &= f.patterns[i];
+      common_flags[i] &= f.flags[i];
+    }
+  }
   const Tables& t = policy.tables();
   const int kind = static_cast<int>(options.capability.device());
   const Topology topo = topology_of(request_for(Pattern::kAllreduce));
@@ -130,7 +273,7 @@ void Communicator::Impl::create(const Registry& registry) {
   // 3. Workspaces, sized from the policy's caps, for the backends it may pick.
   std::uint64_t fused_cap = 0;
   for (int p = 0; p < kPatternCount; ++p) {
-    if (!((options.pattern_mask >> p) & 1u)) continue;
+    if (!((asked_patterns >> p) & 1u)) continue;
     if (auto c = policy.max_fused_bytes(request_for(static_cast<Pattern>(p)))) {
       fused_cap = std::max(fused_cap, *c);
     }
@@ -139,7 +282,6 @@ void Communicator::Impl::create(const Registry& registry) {
       Request::message_bytes_of(options.max_tokens, options.hidden, options.dtype);
   // What fused workspaces hold: the cap, or more for a bench.
   const std::uint64_t fused_bytes = std::max(fused_cap, options.fused_workspace_bytes);
-  std::vector<Backend> candidates;
   if (fused_bytes > 0) {
     for (Backend b : t.preference[static_cast<int>(topo)]) candidates.push_back(b);
   }
@@ -154,6 +296,7 @@ void Communicator::Impl::create(const Registry& registry) {
                       " preference list nor the fallback, or nothing is fused at this world "
                       "size)";
   }
+  std::uint32_t mode_dropped = 0;
   for (Backend b : candidates) {
     const int i = static_cast<int>(b);
     if (!((t.allowed_mask >> i) & 1u)) {  // the tables never pick it
@@ -167,6 +310,21 @@ void Communicator::Impl::create(const Registry& registry) {
       drop(b, (local >> i) & 1u ? "unavailable on another rank" : why_unavailable(registry, b));
       continue;
     }
+    if (shared_gpu_test && !(common_flags[i] & ARBITER_CAPS_SHARES_GPU)) {
+      unusable_candidates |= 1u << i;
+      mode_dropped |= 1u << i;
+      drop(b, kSharedGpuDrop, false);
+      continue;
+    }
+    // Only what the module runs on every rank's device; the rest is refused
+    // per call (refusal()).
+    const std::uint32_t asked = asked_patterns & common_patterns[i];
+    if (asked == 0) {
+      unusable_candidates |= 1u << i;
+      drop(b, "runs none of the patterns asked for (" + pattern_names(asked_patterns) +
+                  "; it runs " + pattern_names(common_patterns[i]) + " on this device)");
+      continue;
+    }
     arbiter_workspace_spec spec{};
     spec.world_size = oob.size;
     spec.rank = oob.rank;
@@ -175,7 +333,7 @@ void Communicator::Impl::create(const Registry& registry) {
     spec.max_tokens = options.max_tokens;
     spec.hidden = options.hidden;
     spec.dtype = static_cast<arbiter_dtype>(options.dtype);
-    spec.pattern_mask = options.pattern_mask;
+    spec.pattern_mask = asked;
     // Fused backends take at most the cap. The fallback takes any size, in
     // slices of its workspace (run_in_slices, unless the module streams by
     // itself as shm does), so it needs no more than the cap or
@@ -200,9 +358,14 @@ void Communicator::Impl::create(const Registry& registry) {
     }
     workspaces[i] = {module, handle};
     usable |= 1u << i;
+    patterns[i] = asked;
     no_workspace[i].clear();
   }
-  if (fallback == Backend::kNone || !((usable >> static_cast<int>(fallback)) & 1u)) {
+  const bool fallback_usable =
+      fallback != Backend::kNone && ((usable >> static_cast<int>(fallback)) & 1u);
+  const bool fallback_dropped_by_mode =
+      fallback != Backend::kNone && ((mode_dropped >> static_cast<int>(fallback)) & 1u);
+  if (!fallback_usable && !fallback_dropped_by_mode) {
     destroy();
     throw CommunicatorError(
         std::string("the fallback backend ") + std::string(backend_name(fallback)) +
@@ -210,9 +373,26 @@ void Communicator::Impl::create(const Registry& registry) {
         "take would have nowhere to go; backends dropped: " +
         (dropped.empty() ? "none" : dropped.back()) + " (see `arbiter plugins`)");
   }
+  if (shared_gpu_test && oob.rank == 0) {
+    std::cerr << "arbiter: shared-GPU test mode (" << kSharedGpuVariable
+              << "=1, for arbiter's tests and examples): ranks of different processes may "
+                 "share one GPU; dropped: "
+              << (mode_dropped ? backend_mask_names(mode_dropped) : std::string("none"))
+              << (fallback_dropped_by_mode
+                      ? "; calls the fused backends cannot take (above the fused cap) are refused"
+                      : "")
+              << "\n";
+  }
   // Decide with the dropped backends no longer allowed, so every call takes
   // the policy's fast path instead of excluding them one call at a time.
   policy = policy.without_backends(unusable_candidates);
+  for (int p = 0; p < kPatternCount; ++p) {
+    std::uint32_t lacking = 0;
+    for (int i = 0; i < kBackendCount; ++i) {
+      if (((usable >> i) & 1u) && !((patterns[i] >> p) & 1u)) lacking |= 1u << i;
+    }
+    pattern_policy.push_back(lacking ? policy.without_backends(lacking) : policy);
+  }
 }
 
 void Communicator::Impl::destroy() {
@@ -231,14 +411,6 @@ Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry
       !oob.broadcast) {
     throw CommunicatorError("invalid oob: rank " + std::to_string(oob.rank) + " of " +
                             std::to_string(oob.size) + ", or a NULL function");
-  }
-  // Lets GPU modules put ranks of different processes on one GPU, for the
-  // multi-process GPU tests only: a job that inherits it must not run so.
-  if (const char* shared = std::getenv("ARBITER_TEST_SHARED_GPU"); shared != nullptr && *shared) {
-    throw CommunicatorError(
-        "ARBITER_TEST_SHARED_GPU is set (to \"" + std::string(shared) +
-        "\"): it puts every rank on GPU 0 for arbiter's multi-process GPU tests and is refused "
-        "outside them; unset it");
   }
   impl_->create(registry);
 }
@@ -265,10 +437,14 @@ std::uint64_t Communicator::Impl::capacity(Backend b, Algorithm algorithm) const
 
 Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
                                     std::uint32_t excluded) const {
+  const auto p = static_cast<std::uint32_t>(args.pattern);
+  // A pattern not asked for at creation has no workspace sized for it.
+  if (p >= kPatternCount || !((asked_patterns >> p) & 1u)) return Decision{};
+  const Policy& chooser = pattern_policy[p];
   Request r = request_for(args, excluded);
   const Backend fallback = this->fallback();
   for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
-    const Decision d = policy.decide(r);
+    const Decision d = chooser.decide(r);
     // Never send a message larger than a fused workspace's per-call capacity;
     // the fallback instead runs it in slices (see run_in_slices).
     if (d.backend == Backend::kNone || d.backend == fallback ||
@@ -320,14 +496,15 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
   Result result;
   try {
     std::uint32_t excluded = 0;
+    std::array<std::string, kBackendCount> declined;  // empty unless one declines
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
       const Decision d = impl_->decide(args, excluded);
       result.decision = d;
       if (d.backend == Backend::kNone) {
+        // Depends only on the call's shape and what every rank shares: every
+        // rank refuses alike, before anything is enqueued.
         result.status = ARBITER_UNSUPPORTED;
-        result.error = "no backend can run this call (tables allow " +
-                       backend_mask_names(impl_->policy.tables().allowed_mask) +
-                       "; usable here: " + backend_mask_names(impl_->usable & ~excluded) + ")";
+        result.error = impl_->refusal(args, excluded, declined);
         return result;
       }
       arbiter_allreduce_args call = args;
@@ -339,6 +516,8 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
       }
       // The backend declined this shape (the same way on every rank): the
       // policy's next choice.
+      declined[static_cast<int>(d.backend)] = std::move(result.error);
+      result.error.clear();
       excluded |= 1u << static_cast<int>(d.backend);
     }
     result.status = ARBITER_INTERNAL;
@@ -372,6 +551,13 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
       result.error = name + " has no workspace: " + impl_->no_workspace[i];
       return result;
     }
+    const auto p = static_cast<std::uint32_t>(args.pattern);
+    if (p >= kPatternCount || !((impl_->patterns[i] >> p) & 1u)) {
+      result.status = ARBITER_UNSUPPORTED;
+      result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
+                     pattern_names(impl_->patterns[i]) + ")";
+      return result;
+    }
     arbiter_allreduce_args call = args;
     call.algorithm = static_cast<arbiter_algorithm>(algorithm);
     const std::uint64_t bytes =
@@ -395,10 +581,91 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
   return result;
 }
 
+std::string Communicator::Impl::refusal(
+    const arbiter_allreduce_args& args, std::uint32_t excluded,
+    const std::array<std::string, kBackendCount>& declined) const {
+  const auto p = static_cast<std::uint32_t>(args.pattern);
+  if (p >= kPatternCount) {
+    return "unknown pattern " + std::to_string(p) + " (0 allreduce ... " +
+           std::to_string(kPatternCount - 1) + " residual_rmsnorm_fp4)";
+  }
+  const std::string pname = pattern_label(p);
+  const std::uint64_t bytes =
+      Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
+  std::string out = "no backend can run this " + pname + " call (" + std::to_string(bytes) +
+                    " bytes) on capability " + capability_name(options.capability) + " with " +
+                    std::to_string(oob.size) + " rank(s)";
+  if (!((asked_patterns >> p) & 1u)) {
+    return out + ": the communicator was created for " + pattern_names(asked_patterns) +
+           " only; create it with " + pname + " in pattern_mask (Python: patterns=)";
+  }
+  // What the tables alone would choose, then why each candidate cannot.
+  const Decision d = tables_policy.decide(request_for(args, 0));
+  std::string why;
+  switch (d.reason) {
+    case Reason::kFused:
+      break;
+    case Reason::kAboveCap:
+      why = "above the fused cap of " + std::to_string(d.cap) + " bytes";
+      break;
+    case Reason::kNoFusionCell:
+      why = "no fusion cell for this capability and world size";
+      break;
+    case Reason::kFusionOff:
+      why = "fusion is off in the matching cell";
+      break;
+    case Reason::kNoEligibleBackend:
+      why = "no preferred backend is eligible for it";
+      break;
+    case Reason::kNoBackend:
+      why = "no backend of the tables is eligible for it";
+      break;
+    case Reason::kInvalidRequest:
+      why = "an invalid request";
+      break;
+  }
+  if (d.fused) {
+    out += ": the tables choose " + std::string(backend_name(d.backend)) + " " +
+           std::string(algorithm_name(d.algorithm));
+  } else if (d.backend != Backend::kNone) {
+    out += ": the tables send it to the fallback " + std::string(backend_name(d.backend)) + " (" +
+           why + ")";
+  } else {
+    out += ": " + why;
+  }
+  for (Backend b : candidates) {
+    const int i = static_cast<int>(b);
+    out += "; " + std::string(backend_name(b)) + ": ";
+    if (!((usable >> i) & 1u)) {
+      out += no_workspace[i];
+    } else if (!((patterns[i] >> p) & 1u)) {
+      out +=
+          "does not run " + pname + " on this device (it runs " + pattern_names(patterns[i]) + ")";
+    } else if (!declined[i].empty()) {
+      out += "declined the call: " + declined[i];
+    } else if ((excluded >> i) & 1u) {
+      out += "declined the call";
+    } else {
+      out += "not chosen by the tables for this call";
+    }
+  }
+  return out;
+}
+
 const Policy& Communicator::policy() const { return impl_->policy; }
 int Communicator::rank() const { return impl_->oob.rank; }
 int Communicator::world_size() const { return impl_->oob.size; }
 std::uint32_t Communicator::usable_mask() const { return impl_->usable; }
+std::uint32_t Communicator::pattern_mask() const {
+  std::uint32_t mask = 0;
+  for (std::uint32_t m : impl_->patterns) mask |= m;
+  return mask;
+}
+std::uint32_t Communicator::patterns_of(Backend backend) const {
+  const int i = static_cast<int>(backend);
+  return i >= 0 && i < kBackendCount ? impl_->patterns[i] : 0;
+}
+bool Communicator::shared_gpu_test() const { return impl_->shared_gpu_test; }
 const std::vector<std::string>& Communicator::dropped() const { return impl_->dropped; }
 
 }  // namespace arbiter

@@ -82,13 +82,26 @@ typedef struct arbiter_comm_options {
   uint32_t max_tokens;
   uint32_t hidden;
   arbiter_dtype dtype;
-  uint32_t pattern_mask; /* 0: every pattern */
-  int64_t timeout_ms;    /* 0: 60 s */
+  /* The patterns calls will use: bit arbiter_pattern; 0: every pattern.
+   * Each backend is asked only for the patterns its probe says it runs on
+   * every rank's device. A pattern that no backend runs here (NVFP4 below
+   * capability 100, say) does not fail creation: its calls return
+   * ARBITER_UNSUPPORTED on every rank, with the pattern, the capability and
+   * why each backend cannot in arbiter_last_error(). So do calls of a
+   * pattern outside the mask. Bits above ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4
+   * are ARBITER_INVALID_ARGUMENT. */
+  uint32_t pattern_mask;
+  int64_t timeout_ms; /* 0: 60 s */
 } arbiter_comm_options;
 
 /* Collective over oob: loads the backend modules (ARBITER_PLUGIN_PATH and
- * the install's plugin folder), checks every rank has the same tables, and
- * creates the workspaces. The policy may be freed afterwards. */
+ * the install's plugin folder), checks every rank has the same tables and
+ * options, and creates the workspaces. The policy may be freed afterwards.
+ * A world size of 1 works (the fallback runs the epilogue on this rank).
+ * ARBITER_TEST_SHARED_GPU=1 is the shared-GPU test mode of arbiter's own
+ * tests and examples: ranks of several processes may share one GPU, and
+ * backends that cannot (nccl) are dropped, so calls above the fused cap are
+ * refused (communicator.h). */
 int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy,
                             const arbiter_comm_options* options, arbiter_comm** out);
 /* Collective: joins the other ranks through the UCX bootstrap from the

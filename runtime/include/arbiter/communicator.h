@@ -6,6 +6,23 @@
 // that failed to initialise, or whose workspace is too small for a message,
 // is skipped for the policy's next choice (finally the fallback).
 //
+// Patterns: each backend is asked only for the patterns it runs on every
+// rank's device (its probe's caps), among those the options ask for. A
+// pattern that no usable backend runs (NVFP4 below capability 100, say) does
+// not stop creation; its calls are refused, on every rank alike, with an
+// error naming the pattern, the capability and why each backend cannot.
+//
+// World size 1 works like any other: nothing is fused (the tables have no
+// cell below 2 ranks), and the fallback runs the epilogue on this rank.
+//
+// Shared-GPU test mode (ARBITER_TEST_SHARED_GPU=1, for arbiter's own tests
+// and examples on a machine with fewer GPUs than ranks): the GPU modules
+// accept ranks of different processes on one GPU, and creation drops every
+// backend that cannot (NCCL refuses two ranks on one GPU), saying so once on
+// rank 0. The fallback may then be missing: calls the fused backends cannot
+// take are refused per call, with the mode named in the error. Every rank
+// must run in the mode, or none.
+//
 // Thread-safety: one thread at a time per communicator (the rank's).
 #pragma once
 
@@ -32,7 +49,11 @@ struct CommunicatorOptions {
   std::uint32_t max_tokens = 0;
   std::uint32_t hidden = 0;
   Dtype dtype = Dtype::kBf16;
-  std::uint32_t pattern_mask = 0xF;  // bit (1 << Pattern)
+  // The patterns calls will use: bit (1 << Pattern); 0 or kAllPatterns (the
+  // default) asks for every pattern. Fused workspaces are sized for the
+  // largest fused cap among them; a call of another pattern is refused.
+  std::uint32_t pattern_mask = kAllPatterns;
+  static constexpr std::uint32_t kAllPatterns = (1u << kPatternCount) - 1;
   std::chrono::milliseconds timeout{60000};
   // 0 (the default): fused workspaces hold the policy's max_fused_bytes, as
   // a framework needs. N > 0: every workspace holds at least N bytes per
@@ -97,6 +118,12 @@ class Communicator {
   int world_size() const;
   // Backends with a workspace on every rank: bit (1 << Backend).
   std::uint32_t usable_mask() const;
+  // Patterns some usable backend runs on every rank: bit (1 << Pattern).
+  std::uint32_t pattern_mask() const;
+  // Patterns `backend`'s workspace runs (0 without a workspace).
+  std::uint32_t patterns_of(Backend backend) const;
+  // Whether the shared-GPU test mode was on at creation.
+  bool shared_gpu_test() const;
   // Why each backend the policy could choose was dropped, one line each.
   const std::vector<std::string>& dropped() const;
 

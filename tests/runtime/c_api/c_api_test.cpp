@@ -3,14 +3,33 @@
 #define BOOST_TEST_MODULE runtime_c_api
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "arbiter/arbiter.h"
 
 extern "C" int32_t c_decide_nvl72(uint64_t bytes, arbiter_decision* out);
 
 namespace {
+
+// The oob of a group of one: this process alone.
+arbiter_oob single_rank_oob() {
+  arbiter_oob oob{};
+  oob.rank = 0;
+  oob.size = 1;
+  oob.allgather = [](void*, const void* send, void* recv, size_t bytes, int64_t) -> int32_t {
+    std::memcpy(recv, send, bytes);
+    return ARBITER_OK;
+  };
+  oob.broadcast = [](void*, void*, size_t, int32_t, int64_t) -> int32_t { return ARBITER_OK; };
+  oob.barrier = [](void*, int64_t) -> int32_t { return ARBITER_OK; };
+  oob.last_error = [](void*) -> const char* { return ""; };
+  return oob;
+}
+
 arbiter_request nvl72(uint64_t bytes) {
   arbiter_request r{};
   r.capability = 103;
@@ -138,4 +157,78 @@ BOOST_AUTO_TEST_CASE(comm_from_environment_refuses_what_it_cannot_use) {
   unsetenv("WORLD_SIZE");
   unsetenv("LOCAL_RANK");
   arbiter_policy_free(p);
+}
+
+// What a C caller gets with every option at zero but the shape: creation
+// works (every pattern asked for, one rank, CPU), the norm is right, and
+// NVFP4, which no CPU backend runs, is refused with the reason.
+BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank) {
+  unsetenv("ARBITER_CONFIG");
+  unsetenv("ARBITER_BACKENDS");
+  setenv("ARBITER_PLUGIN_PATH", ARBITER_PLUGIN_DIR, 1);
+  arbiter_policy* p = nullptr;
+  BOOST_REQUIRE(arbiter_policy_from_environment(&p) == ARBITER_OK);
+  arbiter_comm_options o{};
+  o.hidden = 8;
+  o.dtype = ARBITER_DTYPE_FP32;
+  o.device = -1;
+  const arbiter_oob oob = single_rank_oob();
+  arbiter_comm* comm = nullptr;
+  BOOST_REQUIRE_MESSAGE(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_OK,
+                        arbiter_last_error());
+  arbiter_policy_free(p);
+  arbiter_comm_info info{};
+  BOOST_TEST(arbiter_comm_get_info(comm, &info) == ARBITER_OK);
+  BOOST_TEST(info.world_size == 1);
+  BOOST_TEST(std::string(arbiter_backend_name(3)) == "shm");
+  BOOST_TEST(info.backend_mask == (1u << 3));
+
+  std::vector<float> x = {1, -2, 3, -4, 5, -6, 7, -8}, residual(8, 1.0f), gamma(8, 2.0f);
+  std::vector<float> residual_out(8), norm_out(8);
+  arbiter_allreduce_args a{};
+  a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+  a.dtype = ARBITER_DTYPE_FP32;
+  a.tokens = 1;
+  a.hidden = 8;
+  a.input = x.data();
+  a.residual_in = residual.data();
+  a.residual_out = residual_out.data();
+  a.gamma = gamma.data();
+  a.norm_out = norm_out.data();
+  a.eps = 0.0f;
+  arbiter_decision used{};
+  BOOST_REQUIRE_MESSAGE(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_OK,
+                        arbiter_last_error());
+  BOOST_TEST(std::string(arbiter_backend_name(used.backend)) == "shm");
+  BOOST_TEST(used.fused == 0u);
+  double squares = 0;
+  for (int i = 0; i < 8; ++i) squares += double(x[i] + 1) * double(x[i] + 1);
+  const double inv_rms = 1.0 / std::sqrt(squares / 8);
+  for (int i = 0; i < 8; ++i) {
+    BOOST_TEST(residual_out[i] == x[i] + 1.0f);
+    BOOST_TEST(std::abs(norm_out[i] - (x[i] + 1) * inv_rms * 2) < 1e-5, i << ": " << norm_out[i]);
+  }
+
+  std::vector<std::uint8_t> quant(4), scales(512);
+  const float scale = 1.0f;
+  a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+  a.quant_out = quant.data();
+  a.scale_out = scales.data();
+  a.scale = &scale;
+  BOOST_TEST(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_UNSUPPORTED);
+  const std::string e = arbiter_last_error();
+  BOOST_TEST(
+      e.find("no backend can run this residual_rmsnorm_fp4 (NVFP4) call") != std::string::npos, e);
+  BOOST_TEST(e.find("shm: does not run residual_rmsnorm_fp4") != std::string::npos, e);
+
+  // A mask bit that names no pattern is the caller's bug.
+  arbiter_comm_destroy(comm);
+  o.pattern_mask = 1u << 7;
+  BOOST_REQUIRE(arbiter_policy_from_environment(&p) == ARBITER_OK);
+  comm = nullptr;
+  BOOST_TEST(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("pattern_mask 128") != std::string::npos);
+  BOOST_TEST(comm == nullptr);
+  arbiter_policy_free(p);
+  unsetenv("ARBITER_PLUGIN_PATH");
 }

@@ -10,6 +10,14 @@
 //                otherwise, above the fused cap once fused_workspace_bytes
 //                sizes the workspace, and refused with the reason, on every
 //                rank alike, where the backend cannot take the call
+//   defaults     options left at their defaults (every pattern asked for):
+//                creation succeeds at any world size, 1 included, and every
+//                dtype and CPU pattern runs right; NVFP4, which no CPU
+//                backend runs, is refused on every rank with the reason
+//   patterns     a communicator asked for residual_rmsnorm only refuses a
+//                plain all-reduce, naming what it was created for
+//   agreement    rank 1 asks for another hidden size: creation fails on
+//                every rank, naming the field, the rank and both values
 // Prints "rank R: OK" and exits 0 when the mode's expectations hold.
 #include <cstdio>
 #include <cstdlib>
@@ -275,7 +283,7 @@ int main(int argc, char** argv) try {
          {ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4, bf16, 4, 4096},
          {Backend::kShm, Algorithm::kOneshot},
          "shm oneshot fused",
-         "residual_rmsnorm_fp4 (NVFP4) is not supported on CPU ranks"},
+         "shm's workspace does not run residual_rmsnorm_fp4 (NVFP4)"},
     };
     for (const Expect& e : cases) {
       std::string decision;
@@ -291,6 +299,71 @@ int main(int argc, char** argv) try {
                                 "', got: " + (problem.empty() ? "ok" : problem);
       }
       report(e.what, decision, problem);
+    }
+  } else if (mode == "defaults") {
+    for (arbiter::Dtype dtype :
+         {arbiter::Dtype::kBf16, arbiter::Dtype::kFp16, arbiter::Dtype::kFp32}) {
+      arbiter::CommunicatorOptions o;  // defaults, but for what a CPU rank must say
+      o.capability = arbiter::Capability::cpu();
+      o.hidden = 2880;
+      o.dtype = dtype;
+      arbiter::Communicator comm(*boot.oob(), policy, registry, o);
+      const auto adt = static_cast<arbiter_dtype>(dtype);
+      for (Case c : {Case{ARBITER_PATTERN_ALLREDUCE, adt, 3, 2880},
+                     Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 1, 2880},
+                     Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, adt, 40, 2880}}) {
+        std::string decision;
+        const std::string problem = run_case(boot, comm, c, &decision);
+        report(std::string(arbiter::dtype_name(dtype)) + " " +
+                   std::string(arbiter::pattern_name(static_cast<arbiter::Pattern>(c.pattern))) +
+                   " tokens " + std::to_string(c.tokens),
+               decision, problem);
+      }
+      // Every rank refuses alike, before anything runs.
+      std::string decision;
+      arbiter_status status = ARBITER_OK;
+      const std::string problem =
+          run_case(boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4, adt, 2, 2880}, &decision,
+                   nullptr, &status);
+      const bool refused =
+          status == ARBITER_UNSUPPORTED &&
+          problem.find("no backend can run this residual_rmsnorm_fp4 (NVFP4) call") !=
+              std::string::npos &&
+          problem.find("on capability cpu") != std::string::npos &&
+          problem.find("shm: does not run residual_rmsnorm_fp4 (NVFP4)") != std::string::npos;
+      if (refused) std::printf("[rank %d] nvfp4: refused: %s\n", boot.rank(), problem.c_str());
+      report("nvfp4", decision, refused ? "" : "expected a refusal, got: " + problem);
+    }
+  } else if (mode == "patterns") {
+    arbiter::CommunicatorOptions o = cpu_options(16, 1024, arbiter::Dtype::kFp32);
+    o.pattern_mask = 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM;
+    arbiter::Communicator comm(*boot.oob(), policy, registry, o);
+    std::string decision;
+    report("asked for", decision,
+           run_case(boot, comm, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_FP32, 4, 1024},
+                    &decision));
+    arbiter_status status = ARBITER_OK;
+    const std::string problem =
+        run_case(boot, comm, Case{ARBITER_PATTERN_ALLREDUCE, ARBITER_DTYPE_FP32, 4, 1024},
+                 &decision, nullptr, &status);
+    const bool refused = status == ARBITER_UNSUPPORTED &&
+                         problem.find("created for residual_rmsnorm only") != std::string::npos;
+    if (refused)
+      std::printf("[rank %d] not asked for: refused: %s\n", boot.rank(), problem.c_str());
+    report("not asked for", decision, refused ? "" : "expected a refusal, got: " + problem);
+  } else if (mode == "agreement") {
+    try {
+      const std::uint32_t hidden = boot.rank() == 1 ? 2048 : 1024;
+      arbiter::Communicator comm(*boot.oob(), policy, registry,
+                                 cpu_options(16, hidden, arbiter::Dtype::kBf16));
+      std::printf("rank %d: created a communicator with mismatched hidden sizes\n", boot.rank());
+      return 1;
+    } catch (const arbiter::CommunicatorError& e) {
+      std::printf("rank %d: refused: %s\n", boot.rank(), e.what());
+      if (std::string(e.what()).find("ranks differ in hidden: rank 1 has 2048, rank 0 has 1024") ==
+          std::string::npos) {
+        return 1;
+      }
     }
   } else if (mode == "fingerprint") {
     try {

@@ -18,9 +18,9 @@ namespace {
 // so that the fallback is reachable with messages of a few MiB.
 CommandResult launch(int ranks, const std::string& mode) {
   return run_command(std::string("env -u ARBITER_BACKENDS ARBITER_CONFIG=") + ARBITER_TEST_DATA +
-                     "/good/cpu_cap_4mib.yaml " + ARBITER_BIN +
-                     " launch --nproc " + std::to_string(ranks) + " --timeout 240 -- " +
-                     COMMUNICATOR_RANK_BIN + " " + mode);
+                     "/good/cpu_cap_4mib.yaml " + ARBITER_BIN + " launch --nproc " +
+                     std::to_string(ranks) + " --timeout 240 -- " + COMMUNICATOR_RANK_BIN + " " +
+                     mode);
 }
 
 int arbiter_shm_files() {
@@ -94,14 +94,67 @@ BOOST_AUTO_TEST_CASE(ranks_with_different_tables_are_refused) {
   BOOST_TEST(contains(r.output, "ARBITER_CONFIG and ARBITER_BACKENDS"), r.output);
 }
 
-// The multi-process GPU tests' switch (README, "Multi-process GPU tests")
-// must never reach a real job: every rank refuses to create a communicator.
-BOOST_AUTO_TEST_CASE(the_shared_gpu_test_switch_is_refused_outside_the_tests) {
-  const CommandResult r = run_command(
-      std::string("env -u ARBITER_CONFIG -u ARBITER_BACKENDS ARBITER_TEST_SHARED_GPU=1 ") +
+// Options at their defaults (every pattern asked for): creation succeeds at
+// 1, 2 and 3 ranks (fused at 2; 1 and 3 have no cpu cell) and everything a
+// CPU runs is right; NVFP4, which no CPU backend runs, is refused on every
+// rank with the reason.
+BOOST_AUTO_TEST_CASE(default_options_work_at_every_world_size_including_1) {
+  const int before = arbiter_shm_files();
+  for (int ranks : {1, 2, 3}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      const CommandResult r = launch(ranks, "defaults");
+      BOOST_TEST(r.exit_code == 0, r.output);
+      for (int k = 0; k < ranks; ++k) {
+        BOOST_TEST(contains(r.output, "rank " + std::to_string(k) + ": OK"), r.output);
+        BOOST_TEST(contains(r.output, "[rank " + std::to_string(k) + "] nvfp4: refused"), r.output);
+      }
+      if (ranks != 2) {
+        // No cpu cell for 1 (nothing to fuse) or 3 ranks: the fallback runs.
+        BOOST_TEST(contains(r.output, "bf16 residual_rmsnorm tokens 40: shm native unfused: ok"),
+                   r.output);
+        BOOST_TEST(!contains(r.output, " fused: ok"), r.output);
+      } else {
+        BOOST_TEST(contains(r.output, "bf16 residual_rmsnorm tokens 1: shm oneshot fused: ok"),
+                   r.output);
+      }
+    }
+  }
+  BOOST_TEST(arbiter_shm_files() == before);
+}
+
+BOOST_AUTO_TEST_CASE(a_pattern_not_asked_for_is_refused_on_every_rank) {
+  const CommandResult r = launch(2, "patterns");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  for (int k = 0; k < 2; ++k) {
+    BOOST_TEST(contains(r.output, "[rank " + std::to_string(k) + "] not asked for: refused"),
+               r.output);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ranks_with_different_options_are_refused_naming_the_field) {
+  const CommandResult r = launch(3, "agreement");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  for (int k = 0; k < 3; ++k) {
+    BOOST_TEST(contains(r.output, "rank " + std::to_string(k) +
+                                      ": refused: ranks differ in hidden: rank 1 has 2048"),
+               r.output);
+  }
+}
+
+// The shared-GPU test mode concerns GPU modules only: CPU ranks run as
+// always. A value other than 1 is refused on every rank.
+BOOST_AUTO_TEST_CASE(the_shared_gpu_test_mode_leaves_cpu_ranks_alone_and_takes_only_1) {
+  const CommandResult on =
+      run_command(std::string("env -u ARBITER_BACKENDS ARBITER_TEST_SHARED_GPU=1 ARBITER_CONFIG=") +
+                  ARBITER_TEST_DATA + "/good/cpu_cap_4mib.yaml " + ARBITER_BIN +
+                  " launch --nproc 2 --timeout 120 -- " + COMMUNICATOR_RANK_BIN + " sizes");
+  BOOST_TEST(on.exit_code == 0, on.output);
+  BOOST_TEST(contains(on.output, "rank 1: OK"), on.output);
+  const CommandResult bad = run_command(
+      std::string("env -u ARBITER_CONFIG -u ARBITER_BACKENDS ARBITER_TEST_SHARED_GPU=yes ") +
       ARBITER_BIN + " launch --nproc 2 --timeout 120 -- " + COMMUNICATOR_RANK_BIN + " sizes");
-  BOOST_TEST(r.exit_code != 0, r.output);
-  BOOST_TEST(contains(r.output, "ARBITER_TEST_SHARED_GPU is set"), r.output);
-  BOOST_TEST(contains(r.output, "refused outside them; unset it"), r.output);
-  BOOST_TEST(!contains(r.output, ": OK"), r.output);
+  BOOST_TEST(bad.exit_code != 0, bad.output);
+  BOOST_TEST(contains(bad.output, "ARBITER_TEST_SHARED_GPU is \"yes\""), bad.output);
+  BOOST_TEST(contains(bad.output, "switched on by exactly 1"), bad.output);
+  BOOST_TEST(!contains(bad.output, ": OK"), bad.output);
 }

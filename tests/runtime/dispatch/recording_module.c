@@ -1,8 +1,13 @@
 /* A GPU backend module that runs nothing and counts what it is asked to run,
  * so the communicator's dispatch can be checked on a CPU machine. Built once
- * per name (RECORDING_NAME: "mnnvl", "nccl", "trtllm"); probe() claims a GPU of
- * capability 103 (GB300). The counts are read through an exported function. */
+ * per name (RECORDING_NAME: "mnnvl", "nccl", "trtllm"; RECORDING_FLAGS: its
+ * caps flags); probe() claims a GPU of capability 103 (GB300) and every
+ * pattern, or those of RECORDING_<NAME>_PATTERNS (a decimal mask) when set.
+ * Like a real module it refuses to be asked for a pattern its caps lack.
+ * The counts are read through exported functions. */
+#include <ctype.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "arbiter_backend.h"
@@ -15,22 +20,43 @@ struct arbiter_workspace {
 
 static atomic_long g_runs[3]; /* by arbiter_algorithm */
 static atomic_long g_bytes;
+static atomic_long g_fp4_runs;
+static atomic_uint g_asked; /* spec->pattern_mask of the last creation */
+static uint32_t g_patterns = 15;
+static char g_error[128];
+
+static uint32_t patterns_from_environment(void) {
+  char variable[64] = "RECORDING_";
+  size_t n = sizeof "RECORDING_" - 1;
+  for (const char* c = RECORDING_NAME; *c && n + 1 < sizeof variable; ++c) {
+    variable[n++] = (char)toupper((unsigned char)*c);
+  }
+  snprintf(variable + n, sizeof variable - n, "_PATTERNS");
+  const char* value = getenv(variable);
+  return value ? (uint32_t)strtoul(value, NULL, 10) : 15u;
+}
 
 static int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
   if (args->device_kind != ARBITER_DEVICE_GPU) return ARBITER_UNAVAILABLE;
+  g_patterns = patterns_from_environment();
   caps->device_kind = ARBITER_DEVICE_GPU;
   caps->capability = 103;
-  caps->world_size_mask = ~(uint64_t)3;
+  caps->world_size_mask = ~(uint64_t)1;
   caps->dtype_mask = 7;
-  caps->pattern_mask = 15;
+  caps->pattern_mask = g_patterns;
   caps->algorithm_mask = 7;
-  caps->flags = 0;
+  caps->flags = RECORDING_FLAGS;
   return ARBITER_OK;
 }
 
 static int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
                       arbiter_workspace** out) {
-  (void)spec;
+  if (spec->pattern_mask & ~g_patterns) {
+    snprintf(g_error, sizeof g_error, "%s: asked for pattern_mask %u, runs %u", RECORDING_NAME,
+             spec->pattern_mask, g_patterns);
+    return ARBITER_UNSUPPORTED;
+  }
+  atomic_store(&g_asked, spec->pattern_mask);
   if (oob->barrier(oob->ctx, 10000) != ARBITER_OK) return ARBITER_TIMEOUT;
   *out = malloc(sizeof **out);
   (*out)->rank = oob->rank;
@@ -40,6 +66,7 @@ static int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec
 static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
   (void)ws;
   (void)stream;
+  if (args->pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) atomic_fetch_add(&g_fp4_runs, 1);
   atomic_fetch_add(&g_runs[args->algorithm], 1);
   atomic_fetch_add(&g_bytes, (long)args->tokens * args->hidden * (args->dtype == 2 ? 4 : 2));
   return ARBITER_OK;
@@ -47,7 +74,7 @@ static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, vo
 
 static void destroy(arbiter_workspace* ws) { free(ws); }
 
-static const char* last_error(void) { return ""; }
+static const char* last_error(void) { return g_error; }
 
 EXPORT const arbiter_backend_v1_t arbiter_backend_v1 = {
     ARBITER_BACKEND_ABI_VERSION, RECORDING_NAME, probe, create, 0, run, destroy, last_error};
@@ -55,3 +82,5 @@ EXPORT const arbiter_backend_v1_t arbiter_backend_v1 = {
 /* Calls per algorithm since load; bytes in all. */
 EXPORT long recording_runs(int algorithm) { return atomic_load(&g_runs[algorithm]); }
 EXPORT long recording_bytes(void) { return atomic_load(&g_bytes); }
+EXPORT long recording_fp4_runs(void) { return atomic_load(&g_fp4_runs); }
+EXPORT unsigned recording_asked_patterns(void) { return atomic_load(&g_asked); }

@@ -36,7 +36,8 @@ struct FusedRank {
 
 // A fused module's caps on a device of `capability` (major * 10 + minor):
 // every dtype, one-shot and two-shot, every pattern (NVFP4 from capability
-// 100 on, as check_nvfp4 admits it).
+// 100 on, as check_nvfp4 admits it). Both fused modules accept ranks of
+// several processes on one GPU in the shared-GPU test mode (rank_hello.h).
 inline arbiter_backend_caps fused_gpu_caps(std::uint32_t capability, std::uint64_t world_size_mask,
                                            std::uint32_t flags) {
   arbiter_backend_caps caps{};
@@ -51,7 +52,7 @@ inline arbiter_backend_caps fused_gpu_caps(std::uint32_t capability, std::uint64
     caps.pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
   }
   caps.algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
-  caps.flags = flags;
+  caps.flags = flags | ARBITER_CAPS_SHARES_GPU;
   return caps;
 }
 
