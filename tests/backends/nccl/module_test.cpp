@@ -88,7 +88,7 @@ BOOST_AUTO_TEST_CASE(probe_says_why_it_cannot_run) {
   if (status == ARBITER_OK) {
     BOOST_TEST(caps.device_kind == ARBITER_DEVICE_GPU);
     BOOST_TEST(caps.capability >= 70u);
-    BOOST_TEST(caps.world_size_mask == ~uint64_t{3});
+    BOOST_TEST(caps.world_size_mask == ~uint64_t{1});
     BOOST_TEST(caps.dtype_mask == 0x7u);
     // The norm patterns only where the kernel was built for the device,
     // NVFP4 also from capability 100 on.
@@ -242,6 +242,15 @@ void check_refused(const nccl::CallRules& w, const arbiter_allreduce_args& a, in
 }
 
 }  // namespace
+
+// A TP=1 job runs the fallback on a one-rank communicator.
+BOOST_AUTO_TEST_CASE(world_sizes_from_1_to_63_are_offered) {
+  BOOST_TEST((nccl::kWorldSizeMask & 1u) == 0u);  // bit 0: world size 0
+  for (int w = 1; w < 64; ++w) {
+    BOOST_TEST_INFO("world size " << w);
+    BOOST_TEST(((nccl::kWorldSizeMask >> w) & 1u) == 1u);
+  }
+}
 
 // NVFP4 needs capability >= 100 and a kernel compiled for an architecture
 // from 100 on: PTX for compute_90 runs on a B200 but traps in the NVFP4 path.
