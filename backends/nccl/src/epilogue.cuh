@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
         unsigned words[2] = {0u, 0u};
 #pragma unroll
         for (unsigned b = 0; b < 8; ++b) words[b / 4] |= unsigned{packed[b]} << (8 * (b % 4));
-        // Two elements a byte: the unit's 16 elements are 8 bytes at
-        // element (token * hidden + 16 u) / 2, 4-byte aligned.
+        // Two elements a byte: the unit's 16 elements are the 8 bytes at
+        // byte (token * hidden + 16 u) / 2 of quant_out, 4-byte aligned.
         auto* q = reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(p.quant_out) +
                                               token * (p.hidden / 2) + std::size_t{u} * 8);
         q[0] = words[0];
