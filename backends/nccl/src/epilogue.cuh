@@ -1,14 +1,17 @@
-// The nccl backend's epilogue kernel: residual add + RMSNorm (+ FP8 e4m3) on
-// the all-reduced sum, with the exact semantics of arbiter/common/rmsnorm.h.
+// The nccl backend's epilogue kernel: residual add + RMSNorm (+ FP8 e4m3 or
+// NVFP4) on the all-reduced sum, with the exact semantics of
+// arbiter/common/rmsnorm.h and the NVFP4 quantiser the fused modules use
+// (nvfp4_quantize_block, nvfp4.h's scale layouts).
 //
 // One block per token (grid-strided when tokens exceed the grid). Each thread
-// handles packs of kPack elements: 16 bytes when the row allows it, one
-// element otherwise. Pass 1 writes residual_out = dtype(sum + residual_in)
-// and sums its squares in fp32; pass 2 re-reads the stored x (the same
-// thread's own stores, so no barrier is needed) and writes the outputs.
-// Reading and then writing the same element from the same thread makes
-// sum == residual_out and residual_in == residual_out (or allreduce_out, or
-// norm_out) safe.
+// handles units of the row: a pack of kPack elements (16 bytes when the row
+// allows it, one element otherwise), or for NVFP4 one 16-element scale block
+// (two 16-byte packs), so that a thread quantises a block alone. Pass 1
+// writes residual_out = dtype(sum + residual_in) and sums its squares in
+// fp32; pass 2 re-reads the stored x (the same thread's own stores, so no
+// barrier is needed) and writes the outputs. Reading and then writing the
+// same element from the same thread makes sum == residual_out and
+// residual_in == residual_out (or allreduce_out, or norm_out) safe.
 #pragma once
 
 #include <cstddef>
@@ -17,8 +20,10 @@
 
 #include <cuda_runtime.h>
 
+#include "arbiter/common/cuda/epilogue_params.h"
 #include "arbiter/common/fp8.h"
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/nvfp4.h"
 #include "arbiter/common/rmsnorm.h"
 #include "epilogue_launch.h"
 
@@ -73,10 +78,27 @@ __device__ inline float block_sum(float v, float* partial, float* total) {
   return *total;
 }
 
-// REQUIRES: p.hidden % kPack == 0; every pointer aligned to its pack; blockDim.x <= 1024.
-template <arbiter_dtype kDtype, int kPack, bool kFp8>
+// REQUIRES: p.hidden % (kPack * packs per unit) == 0; every pointer aligned
+// to its pack (NVFP4: quant_out to 4 bytes); blockDim.x <= 1024.
+template <arbiter_dtype kDtype, int kPack, common::Epilogue kEpilogue>
 __global__ void __launch_bounds__(kMaxEpilogueThreads)
     residual_rmsnorm_kernel(const EpilogueParams p) {
+  constexpr bool kFp8 = kEpilogue == common::Epilogue::kNormFp8;
+  constexpr bool kFp4 = kEpilogue == common::Epilogue::kNormFp4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
+  if constexpr (kFp4) {
+    // NVFP4 is refused on the host below capability 100 (call_rules.h), and
+    // its quantiser is not compiled for these architectures: were it ever
+    // launched here, fail the stream rather than write nothing.
+    __trap();
+    return;
+  }
+#endif
+  constexpr int kUnitPacks = kFp4 ? static_cast<int>(common::kNvfp4BlockSize) / kPack : 1;
+  constexpr int kUnit = kPack * kUnitPacks;
+  static_assert(
+      !kFp4 || (kUnit == static_cast<int>(common::kNvfp4BlockSize) && kDtype != ARBITER_DTYPE_FP32),
+      "NVFP4 takes fp16 or bf16 in 16-element units");
   using Bits = StorageBits<kDtype>;
   using Vec = Pack<Bits, kPack>;
   __shared__ float partial[32];
@@ -88,7 +110,8 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   const std::uint32_t packs = p.hidden / kPack;
-  const float scale = kFp8 ? *p.scale : 1.0f;
+  const std::uint32_t units = p.hidden / kUnit;
+  const float scale = kFp8 || kFp4 ? *p.scale : 1.0f;
   const auto* gamma = static_cast<const Vec*>(p.gamma);
   auto load = [](Bits b) { return common::dtype_bits_to_float(b, kDtype); };
   auto store = [](float f) { return static_cast<Bits>(common::float_to_dtype_bits(f, kDtype)); };
@@ -102,37 +125,63 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
         p.allreduce_out == nullptr ? nullptr : static_cast<Vec*>(p.allreduce_out) + row;
 
     float squares = 0.0f;
-    for (std::uint32_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      const Vec s = sum[i];
-      const Vec r = residual_in[i];
-      if (allreduce_out != nullptr) allreduce_out[i] = s;
-      Vec x;
+    for (std::uint32_t u = threadIdx.x; u < units; u += blockDim.x) {
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        const float value = common::add_residual(load(s.v[k]), load(r.v[k]), kDtype);
-        x.v[k] = store(value);
-        squares += value * value;
+      for (int j = 0; j < kUnitPacks; ++j) {
+        const std::uint32_t i = u * kUnitPacks + j;
+        const Vec s = sum[i];
+        const Vec r = residual_in[i];
+        if (allreduce_out != nullptr) allreduce_out[i] = s;
+        Vec x;
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) {
+          const float value = common::add_residual(load(s.v[k]), load(r.v[k]), kDtype);
+          x.v[k] = store(value);
+          squares += value * value;
+        }
+        residual_out[i] = x;
       }
-      residual_out[i] = x;
     }
     const float inv_rms = common::inverse_rms(block_sum(squares, partial, &total), p.hidden, p.eps);
 
     Vec* norm_out = p.norm_out == nullptr ? nullptr : static_cast<Vec*>(p.norm_out) + row;
-    BytePack<kPack>* quant_out = kFp8 ? static_cast<BytePack<kPack>*>(p.quant_out) + row : nullptr;
-    for (std::uint32_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      const Vec x = residual_out[i];
-      const Vec g = gamma[i];
-      Vec y;
-      BytePack<kPack> q;
+    BytePack<kPack>* fp8_out = kFp8 ? static_cast<BytePack<kPack>*>(p.quant_out) + row : nullptr;
+    for (std::uint32_t u = threadIdx.x; u < units; u += blockDim.x) {
+      float y[kUnit];
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        const float value =
-            common::rmsnorm_element(load(x.v[k]), inv_rms, load(g.v[k]), p.weight_bias, kDtype);
-        y.v[k] = store(value);
-        if constexpr (kFp8) q.v[k] = common::fp8_quantize(value, scale);
+      for (int j = 0; j < kUnitPacks; ++j) {
+        const std::uint32_t i = u * kUnitPacks + j;
+        const Vec x = residual_out[i];
+        const Vec g = gamma[i];
+        Vec out;
+        BytePack<kPack> q;
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) {
+          const float value =
+              common::rmsnorm_element(load(x.v[k]), inv_rms, load(g.v[k]), p.weight_bias, kDtype);
+          y[j * kPack + k] = value;
+          out.v[k] = store(value);
+          if constexpr (kFp8) q.v[k] = common::fp8_quantize(value, scale);
+        }
+        if (norm_out != nullptr) norm_out[i] = out;
+        if constexpr (kFp8) fp8_out[i] = q;
       }
-      if (norm_out != nullptr) norm_out[i] = y;
-      if constexpr (kFp8) quant_out[i] = q;
+      if constexpr (kFp4) {
+        std::uint8_t packed[common::kNvfp4BlockSize / 2];
+        const std::uint8_t sf = common::nvfp4_quantize_block(y, kUnit, scale, packed);
+        unsigned words[2] = {0u, 0u};
+#pragma unroll
+        for (unsigned b = 0; b < 8; ++b) words[b / 4] |= unsigned{packed[b]} << (8 * (b % 4));
+        // Two elements a byte: the unit's 16 elements are the 8 bytes at
+        // byte (token * hidden + 16 u) / 2 of quant_out, 4-byte aligned.
+        auto* q = reinterpret_cast<unsigned*>(static_cast<std::uint8_t*>(p.quant_out) +
+                                              token * (p.hidden / 2) + std::size_t{u} * 8);
+        q[0] = words[0];
+        q[1] = words[1];
+        const auto call_row = static_cast<std::uint32_t>(p.first_token + token);
+        static_cast<std::uint8_t*>(
+            p.scale_out)[common::scale_offset(p.linear_scales, call_row, u, units)] = sf;
+      }
     }
   }
 }

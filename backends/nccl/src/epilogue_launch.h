@@ -1,6 +1,6 @@
-// Launcher of the nccl backend's epilogue: residual add + RMSNorm (+ FP8) on
-// the all-reduced sum. Turns runtime values (dtype, quantisation, whether
-// 16-byte vectors fit) into template arguments of the kernel in
+// Launcher of the nccl backend's epilogue: residual add + RMSNorm (+ FP8 or
+// NVFP4) on the all-reduced sum. Turns runtime values (dtype, quantisation,
+// whether 16-byte vectors fit) into template arguments of the kernel in
 // epilogue.cuh. Never allocates; safe to call during stream capture.
 #pragma once
 
@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "arbiter/common/cuda/epilogue_params.h"
 #include "arbiter_backend.h"
 
 namespace arbiter::nccl {
@@ -16,9 +17,11 @@ namespace arbiter::nccl {
 // tokens x hidden elements of dtype unless noted.
 struct EpilogueParams {
   arbiter_dtype dtype = ARBITER_DTYPE_BF16;
-  bool fp8 = false;               // write quant_out = e4m3(y / *scale), saturating
+  // kNorm, kNormFp8 (quant_out = e4m3(y / *scale), saturating) or kNormFp4
+  // (NVFP4 as arbiter/common/nvfp4.h, *scale the global scale).
+  common::Epilogue epilogue = common::Epilogue::kNorm;
   std::uint32_t tokens = 0;       // > 0
-  std::uint32_t hidden = 0;       // > 0
+  std::uint32_t hidden = 0;       // > 0; NVFP4: a multiple of 16
   const void* sum = nullptr;      // the all-reduced input; may equal residual_out
   void* allreduce_out = nullptr;  // optional: a copy of sum; may equal residual_in
   const void* residual_in = nullptr;
@@ -27,13 +30,22 @@ struct EpilogueParams {
   float eps = 0.0f;
   float weight_bias = 0.0f;      // y = x * rsqrt(mean(x^2) + eps) * (gamma + weight_bias)
   void* norm_out = nullptr;      // optional: y in dtype
-  void* quant_out = nullptr;     // fp8 only: 1 byte per element
-  const float* scale = nullptr;  // fp8 only: per-tensor (dequantisation) scale, device memory
-  bool pdl = false;              // launch with programmatic dependent launch
+  void* quant_out = nullptr;     // FP8: 1 byte per element; NVFP4: 2 elements per byte
+  const float* scale = nullptr;  // FP8 / NVFP4 only: the per-tensor scale, device memory
+  // NVFP4 only: the call's scale factors. Not offset per chunk: token t of
+  // this launch is row first_token + t of the call, and its scale factors
+  // go where the call's layout puts that row (the 128x4 swizzled layout
+  // groups rows by 128, which a chunk need not start on).
+  void* scale_out = nullptr;
+  std::uint32_t first_token = 0;
+  bool linear_scales = false;  // else 128x4 swizzled
+  bool pdl = false;            // launch with programmatic dependent launch
 };
 
-// Launches one kernel on `stream`. Returns the launch status; the checks on
-// null pointers and sizes belong to the caller.
+// Launches one kernel on `stream`. Returns the launch status;
+// cudaErrorInvalidValue for an epilogue the kernel has no form for (kAllreduce,
+// NVFP4 on fp32 or without 16-byte vectors). The other checks on pointers and
+// sizes belong to the caller.
 cudaError_t launch_residual_rmsnorm(const EpilogueParams& p, cudaStream_t stream);
 
 }  // namespace arbiter::nccl

@@ -2,7 +2,9 @@
 //
 // run() = ncclAllReduce(sum) on the caller's stream, then, for the norm
 // patterns, one kernel of ours (epilogue.cuh) for residual add + RMSNorm
-// (+ FP8). Every entry point catches everything and maps it to an ABI code.
+// (+ FP8, or NVFP4 from capability 100 on). Calls are admitted on the host
+// first (arbiter/nccl/call_rules.h). Every entry point catches everything
+// and maps it to an ABI code.
 //
 // Creation and teardown are bounded by spec->timeout_ms: the communicator is
 // created non-blocking and polled against that deadline, so a peer that dies
@@ -37,10 +39,9 @@
 #include <utility>
 #include <vector>
 
-#include "arbiter/common/arch_coverage.h"
-#include "arbiter/common/call_checks.h"
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
+#include "arbiter/nccl/call_rules.h"
 #include "arbiter_backend.h"
 #include "epilogue_launch.h"
 
@@ -51,8 +52,11 @@ struct arbiter_workspace {
   int32_t world_size = 0;
   int32_t rank = 0;
   uint32_t pattern_mask = 0;
-  // Patterns this device can run (the norm ones need a kernel built for it).
+  // Patterns every rank's device can run (the norm ones need a kernel built
+  // for it, NVFP4 also capability >= 100).
   uint32_t device_patterns = 0;
+  uint32_t capability = 0;      // this rank's device
+  uint32_t min_capability = 0;  // the lowest over the ranks
   int64_t timeout_ms = 0;
   // Destination of the sum when neither allreduce_out nor residual_out can
   // take it (both are residual_in, or absent); messages larger than it run
@@ -72,22 +76,14 @@ using arbiter::common::device_capability;
 using arbiter::common::DeviceScope;
 using arbiter::common::put_reason;
 using arbiter::common::reason_of;
+using arbiter::nccl::element_bytes;
+using arbiter::nccl::known_dtype;
+using arbiter::nccl::kSupportedDtypes;
+using arbiter::nccl::kSupportedPatterns;
+using arbiter::nccl::scratch_bytes_for;
 
-constexpr uint32_t kSupportedPatterns = (1u << ARBITER_PATTERN_ALLREDUCE) |
-                                        (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
-                                        (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
-constexpr uint32_t kNormPatterns =
-    (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) | (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
-constexpr uint32_t kSupportedDtypes =
-    (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
-// World sizes 2..63 (bit w = world size w).
-constexpr uint64_t kWorldSizeMask = ~uint64_t{3};
 // ncclConfig_t.blocking and ncclCommGetAsyncError: NCCL 2.14.
 constexpr int kMinNcclVersion = 21400;
-// Scratch: at least this much (fewer, larger NCCL calls when chunking), at
-// most that much (chunks this large are bandwidth-bound anyway).
-constexpr uint64_t kMinScratchBytes = uint64_t{16} << 20;
-constexpr uint64_t kMaxScratchBytes = uint64_t{256} << 20;
 
 thread_local std::string t_last_error;
 
@@ -144,25 +140,6 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r, const Deadline& deadline) {
   return r;
 }
 
-size_t element_bytes(arbiter_dtype d) { return d == ARBITER_DTYPE_FP32 ? 4 : 2; }
-
-bool known_dtype(int32_t d) { return d >= 0 && d < 32 && ((kSupportedDtypes >> d) & 1u); }
-
-const char* pattern_name(int32_t p) {
-  switch (p) {
-    case ARBITER_PATTERN_ALLREDUCE:
-      return "allreduce";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM:
-      return "residual_rmsnorm";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8:
-      return "residual_rmsnorm_fp8";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4:
-      return "residual_rmsnorm_fp4";
-    default:
-      return "unknown";
-  }
-}
-
 ncclDataType_t nccl_dtype(arbiter_dtype d) {
   switch (d) {
     case ARBITER_DTYPE_FP16:
@@ -174,29 +151,12 @@ ncclDataType_t nccl_dtype(arbiter_dtype d) {
   }
 }
 
-// The size of the scratch a workspace with this spec holds (0: none). A pure
-// function of fields every rank agrees on, so chunk plans match across ranks.
-uint64_t scratch_bytes_for(const arbiter_workspace_spec& spec) {
-  const uint32_t mask = spec.pattern_mask == 0 ? kSupportedPatterns : spec.pattern_mask;
-  if ((mask & kNormPatterns) == 0) return 0;
-  const uint64_t elt = known_dtype(spec.dtype) ? element_bytes(spec.dtype) : 4;
-  uint64_t declared = 0;
-  if (__builtin_mul_overflow(uint64_t{spec.max_tokens} * spec.hidden, elt, &declared)) {
-    declared = kMaxScratchBytes;
-  }
-  uint64_t want = std::max<uint64_t>(spec.max_message_bytes, declared);
-  want = std::clamp(want, kMinScratchBytes, kMaxScratchBytes);
-  return (want + 255) & ~uint64_t{255};
-}
-
 #ifndef ARBITER_NCCL_KERNEL_ARCHS
 #define ARBITER_NCCL_KERNEL_ARCHS ""
 #endif
 
 uint32_t patterns_for(uint32_t capability) {
-  return arbiter::common::kernel_built_for(capability, ARBITER_NCCL_KERNEL_ARCHS)
-             ? kSupportedPatterns
-             : (1u << ARBITER_PATTERN_ALLREDUCE);
+  return arbiter::nccl::patterns_for(capability, ARBITER_NCCL_KERNEL_ARCHS);
 }
 
 // ---------------------------------------------------------------- probe
@@ -239,9 +199,10 @@ int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
   *caps = arbiter_backend_caps{};
   caps->device_kind = ARBITER_DEVICE_GPU;
   caps->capability = capability;
-  caps->world_size_mask = kWorldSizeMask;
+  caps->world_size_mask = arbiter::nccl::kWorldSizeMask;
   caps->dtype_mask = kSupportedDtypes;
-  // Plain all-reduce needs only NCCL; the norm patterns need our kernel.
+  // Plain all-reduce needs only NCCL; the norm patterns need our kernel,
+  // NVFP4 also capability >= 100.
   caps->pattern_mask = patterns_for(capability);
   caps->algorithm_mask = 1u << ARBITER_ALGORITHM_NATIVE;
   caps->flags = 0;
@@ -250,7 +211,8 @@ int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
 
 // ---------------------------------------------------------------- create
 
-constexpr uint32_t kHelloMagic = 0x4e43434cu;  // "NCCL"; bump with the layout
+// "NCCL" + 1; bump with the layout of Hello or Outcome.
+constexpr uint32_t kHelloMagic = 0x4e43434du;
 constexpr size_t kReasonBytes = 240;
 
 // Exchanged (all-gathered) before NCCL is touched: whether each rank is
@@ -273,6 +235,7 @@ struct Hello {
 struct Outcome {
   int32_t status;
   uint32_t device_patterns;  // what this rank's device can run
+  uint32_t capability;       // of this rank's device
   char reason[kReasonBytes];
 };
 
@@ -328,8 +291,8 @@ Status local_checks(const arbiter_oob& oob, const arbiter_workspace_spec& spec) 
   if ((spec.pattern_mask & ~kSupportedPatterns) != 0) {
     return error(ARBITER_UNSUPPORTED,
                  "pattern_mask " + std::to_string(spec.pattern_mask) +
-                     " asks for patterns this backend does not implement (it runs allreduce, "
-                     "residual_rmsnorm and residual_rmsnorm_fp8)");
+                     " asks for patterns this backend does not implement (bits 0-3: allreduce, "
+                     "residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp4)");
   }
   return {};
 }
@@ -370,6 +333,7 @@ Status build(arbiter_workspace& ws, const arbiter_workspace_spec& spec, const nc
   if (const cudaError_t e = device_capability(spec.device, &capability); e != cudaSuccess) {
     return error(ARBITER_UNAVAILABLE, cuda_message("cudaDeviceGetAttribute", e));
   }
+  ws.capability = capability;
   ws.device_patterns = patterns_for(capability);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -464,6 +428,7 @@ int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
   Outcome outcome{};
   outcome.status = built.code;
   outcome.device_patterns = ws->device_patterns;
+  outcome.capability = ws->capability;
   put_reason(outcome, built.message);
   std::vector<Outcome> outcomes(static_cast<size_t>(oob->size));
   rc = oob->allgather(oob->ctx, &outcome, outcomes.data(), sizeof(Outcome), timeout);
@@ -483,7 +448,11 @@ int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
   }
   // A pattern runs only where every rank can run it, so that no rank
   // refuses a call its peers have already enqueued.
-  for (const Outcome& o : outcomes) ws->device_patterns &= o.device_patterns;
+  ws->min_capability = ws->capability;
+  for (const Outcome& o : outcomes) {
+    ws->device_patterns &= o.device_patterns;
+    ws->min_capability = std::min(ws->min_capability, o.capability);
+  }
   *out = ws.release();
   return ARBITER_OK;
 }
@@ -491,60 +460,13 @@ int32_t create_impl(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
 // ---------------------------------------------------------------- run
 
 Status check_args(const arbiter_workspace& ws, const arbiter_allreduce_args& a) {
-  const int32_t p = a.pattern;
-  if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
-    return error(ARBITER_UNSUPPORTED, "residual_rmsnorm_fp4 (NVFP4) is not implemented");
-  }
-  if (p < 0 || p >= 32 || ((kSupportedPatterns >> p) & 1u) == 0) {
-    return error(ARBITER_UNSUPPORTED, "pattern " + std::to_string(p) + " is not supported");
-  }
-  if (((ws.pattern_mask >> p) & 1u) == 0) {
-    return error(ARBITER_UNSUPPORTED, std::string("pattern ") + pattern_name(p) +
-                                          " is not in the workspace's pattern_mask");
-  }
-  if (((ws.device_patterns >> p) & 1u) == 0) {
-    return error(ARBITER_UNSUPPORTED,
-                 std::string("pattern ") + pattern_name(p) +
-                     ": this build has no epilogue kernel for the device of this rank or a peer "
-                     "(built for " ARBITER_NCCL_KERNEL_ARCHS ")");
-  }
-  if (a.algorithm != ARBITER_ALGORITHM_NATIVE) {
-    return error(ARBITER_UNSUPPORTED,
-                 "algorithm " + std::to_string(a.algorithm) + " is not supported (only native)");
-  }
-  if (!known_dtype(a.dtype)) {
-    return error(ARBITER_UNSUPPORTED, "dtype " + std::to_string(a.dtype) + " is not supported");
-  }
-  if (a.hidden == 0) return error(ARBITER_INVALID_ARGUMENT, "hidden is 0");
-  auto null = [](const char* name) {
-    return error(ARBITER_INVALID_ARGUMENT, std::string(name) + " is NULL");
-  };
-  if (a.input == nullptr) return null("input");
-  if (p == ARBITER_PATTERN_ALLREDUCE) {
-    if (a.allreduce_out == nullptr) return null("allreduce_out");
-    return from_common(arbiter::common::check_aliasing(a));
-  }
-  if (a.residual_in == nullptr) return null("residual_in");
-  if (a.residual_out == nullptr) return null("residual_out");
-  if (a.gamma == nullptr) return null("gamma");
-  if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM && a.norm_out == nullptr) {
-    return error(ARBITER_INVALID_ARGUMENT,
-                 "norm_out is NULL (residual_rmsnorm writes its norm there)");
-  }
-  if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
-    if (a.quant_out == nullptr) return null("quant_out");
-    if (a.scale == nullptr) return null("scale");
-  }
-  const uintptr_t elt = element_bytes(a.dtype);
-  const void* buffers[] = {a.input,        a.allreduce_out, a.residual_in,
-                           a.residual_out, a.gamma,         a.norm_out};
-  for (const void* q : buffers) {
-    if (reinterpret_cast<uintptr_t>(q) % elt != 0) {
-      return error(ARBITER_INVALID_ARGUMENT, "a buffer is not aligned to its element size");
-    }
-  }
-  if (Status s = from_common(arbiter::common::check_aliasing(a)); !s.ok()) return s;
-  return from_common(arbiter::common::check_call_values(a));
+  arbiter::nccl::CallRules rules;
+  rules.pattern_mask = ws.pattern_mask;
+  rules.device_patterns = ws.device_patterns;
+  rules.capability = ws.capability;
+  rules.min_capability = ws.min_capability;
+  rules.kernel_archs = ARBITER_NCCL_KERNEL_ARCHS;
+  return from_common(arbiter::nccl::check_call(rules, a));
 }
 
 // One ncclAllReduce, waited out when NCCL says it is still being enqueued.
@@ -616,12 +538,18 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
   };
   arbiter::nccl::EpilogueParams e;
   e.dtype = a.dtype;
-  e.fp8 = a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
+  e.epilogue = arbiter::common::epilogue_of(a.pattern);
+  const bool fp8 = e.epilogue == arbiter::common::Epilogue::kNormFp8;
+  const bool fp4 = e.epilogue == arbiter::common::Epilogue::kNormFp4;
   e.hidden = a.hidden;
   e.gamma = a.gamma;
   e.eps = a.eps;
   e.weight_bias = a.weight_bias;
-  e.scale = e.fp8 ? a.scale : nullptr;
+  e.scale = fp8 || fp4 ? a.scale : nullptr;
+  // NVFP4 scale factors are addressed by the call's row (first_token below),
+  // so a chunk may start anywhere, also inside a 128-row swizzle tile.
+  e.scale_out = fp4 ? a.scale_out : nullptr;
+  e.linear_scales = (a.flags & ARBITER_RUN_NVFP4_LINEAR_SCALES) != 0;
   e.pdl = (a.flags & ARBITER_RUN_PDL) != 0;
   for (uint64_t t0 = 0; t0 < a.tokens; t0 += chunk_tokens) {
     const uint64_t n = std::min<uint64_t>(chunk_tokens, a.tokens - t0);
@@ -637,7 +565,11 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     e.residual_in = at(a.residual_in, off);
     e.residual_out = at(a.residual_out, off);
     e.norm_out = at(a.norm_out, off);
-    e.quant_out = e.fp8 ? at(a.quant_out, t0 * a.hidden) : nullptr;
+    // FP8: a byte per element; NVFP4: two elements a byte (hidden % 16 == 0).
+    e.quant_out = fp8   ? at(a.quant_out, t0 * a.hidden)
+                  : fp4 ? at(a.quant_out, t0 * a.hidden / 2)
+                        : nullptr;
+    e.first_token = static_cast<uint32_t>(t0);
     const cudaError_t err = arbiter::nccl::launch_residual_rmsnorm(e, stream);
     if (err != cudaSuccess) {
       return report(error(ARBITER_INTERNAL, cuda_message("epilogue kernel launch", err)));

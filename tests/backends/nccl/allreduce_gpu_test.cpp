@@ -5,7 +5,8 @@
 // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU
 // detected"), so sums over several ranks need as many GPUs; on one GPU the
 // epilogue is checked through a one-rank communicator, and the two-rank
-// paths are checked for failing together.
+// paths are checked for failing together. NVFP4 runs from capability 100
+// on; below it, the cases that run it skip and one checks it is refused.
 #define BOOST_TEST_MODULE backends_nccl_gpu
 #include <boost/test/unit_test.hpp>
 
@@ -21,7 +22,9 @@
 #include <vector>
 
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/nvfp4.h"
 #include "arbiter/common/reference.h"
+#include "arbiter/nccl/call_rules.h"
 #include "arbiter_backend.h"
 #include "in_place_layouts.h"
 #include "module.h"
@@ -45,6 +48,39 @@ struct NeedsGpus {
       ok.message() << "no CUDA device: " << cudaGetErrorString(e);
     } else if (n < count) {
       ok.message() << "needs " << count << " GPU(s), " << n << " visible";
+    }
+    return ok;
+  }
+};
+
+// Capability of device 0 (major * 10 + minor); 0 when it cannot be read.
+std::uint32_t device_capability() {
+  int major = 0;
+  int minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    return 0;
+  }
+  return static_cast<std::uint32_t>(major * 10 + minor);
+}
+
+constexpr std::uint32_t kMinNvfp4Capability = 100;
+
+// One GPU, and device 0 on the side of capability 100 the case is about:
+// NVFP4 runs from 100 on (nvfp4 = true), and is refused below it.
+struct NeedsNvfp4Device {
+  bool nvfp4;
+  boost::test_tools::assertion_result operator()(utf::test_unit_id id) const {
+    boost::test_tools::assertion_result gpu = NeedsGpus{1}(id);
+    if (!gpu) return gpu;
+    const std::uint32_t capability = device_capability();
+    boost::test_tools::assertion_result ok((capability >= kMinNvfp4Capability) == nvfp4);
+    if (nvfp4) {
+      ok.message() << "NVFP4 needs capability >= " << kMinNvfp4Capability << "; device 0 is "
+                   << capability;
+    } else {
+      ok.message() << "checks the refusal below capability " << kMinNvfp4Capability
+                   << "; device 0 is " << capability;
     }
     return ok;
   }
@@ -76,7 +112,8 @@ struct Case {
   std::uint32_t tokens = 1;
   std::uint32_t hidden = 2880;
   float weight_bias = 0.0f;
-  float scale = 0.008f;            // FP8: dequant scale (some values saturate)
+  float scale = 0.008f;            // FP8: dequant scale (some values saturate); NVFP4: global
+  bool linear_scales = false;      // NVFP4: linear scale factors, else 128x4 swizzled
   bool allreduce_out = false;      // norm patterns: also ask for the sum
   bool in_place_residual = false;  // residual_out == residual_in
   bool norm_out = true;            // FP8 pattern: also ask for the norm
@@ -93,14 +130,27 @@ struct Case {
       << (weight_bias != 0.0f ? " gemma" : "") << (allreduce_out ? " +allreduce_out" : "")
       << (in_place_residual ? " in-place" : "") << (norm_out ? "" : " no-norm_out")
       << (pdl ? " pdl" : "") << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
+    if (fp4()) s << (linear_scales ? " linear-scales" : " swizzled-scales");
     if (layout != nullptr) {
       s << " in-place layout " << (layout - arbiter::test::kInPlaceLayouts);
     }
     return s.str();
   }
+  bool fp4() const { return pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4; }
   std::size_t elements() const { return std::size_t{tokens} * hidden; }
   std::size_t bytes() const { return elements() * common::dtype_size(dtype); }
+  // quant_out: FP8 a byte per element, NVFP4 two elements a byte.
+  std::size_t quant_bytes() const { return fp4() ? elements() / 2 : elements(); }
+  // scale_out as allocated: the swizzled size, which covers the linear one;
+  // all of it is read back, so a write past the layout's end shows.
+  std::size_t scale_bytes() const {
+    return common::swizzled_128x4_bytes(tokens, common::nvfp4_blocks_per_row(hidden));
+  }
 };
+
+// The global scale of the NVFP4 cases: scale factors of blocks with amax
+// near 3 land mid-range in e4m3 (512 * 3 / 6 = 256).
+constexpr float kNvfp4GlobalScale = 512.0f;
 
 struct HostData {
   std::vector<Bytes> inputs;  // one per rank
@@ -126,7 +176,11 @@ HostData make_data(const Case& c, int ranks, unsigned seed) {
 }
 
 struct Outputs {
-  Bytes allreduce_out, residual_out, norm_out, quant_out;
+  Bytes allreduce_out, residual_out, norm_out, quant_out, scale_out;
+  bool operator==(const Outputs& o) const {
+    return allreduce_out == o.allreduce_out && residual_out == o.residual_out &&
+           norm_out == o.norm_out && quant_out == o.quant_out && scale_out == o.scale_out;
+  }
 };
 
 // "" when `out` matches the reference over every rank's input.
@@ -142,6 +196,7 @@ std::string check(const Case& c, const HostData& d, const Outputs& out) {
   rc.eps = 1e-6f;
   rc.weight_bias = c.weight_bias;
   rc.scale = c.scale;
+  rc.linear_scales = c.linear_scales;
   const common::ReferenceOutputs ref = common::compute_reference(rc);
   std::string e;
   if (c.pattern == ARBITER_PATTERN_ALLREDUCE || c.allreduce_out) {
@@ -157,6 +212,25 @@ std::string check(const Case& c, const HostData& d, const Outputs& out) {
   }
   if (e.empty() && c.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
     e = common::check_fp8(out.quant_out.data(), ref, c.scale, c.hidden);
+  }
+  if (e.empty() && c.fp4()) {
+    e = common::check_nvfp4(out.quant_out.data(), out.scale_out.data(), rc, ref);
+  }
+  // Only the layout's own bytes are written: the swizzled padding and what
+  // lies past the linear layout keep the 0xFF they were filled with.
+  if (e.empty() && c.fp4()) {
+    const std::uint32_t blocks = common::nvfp4_blocks_per_row(c.hidden);
+    std::vector<bool> used(out.scale_out.size(), false);
+    for (std::uint32_t t = 0; t < c.tokens; ++t) {
+      for (std::uint32_t b = 0; b < blocks; ++b) {
+        used[common::scale_offset(c.linear_scales, t, b, blocks)] = true;
+      }
+    }
+    for (std::size_t i = 0; i < used.size() && e.empty(); ++i) {
+      if (!used[i] && out.scale_out[i] != 0xFF) {
+        e = "scale_out byte " + std::to_string(i) + " lies outside the layout but was written";
+      }
+    }
   }
   return e;
 }
@@ -197,11 +271,12 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
   const std::size_t off = c.misaligned ? common::dtype_size(c.dtype) : 0;
   const bool norm = c.pattern != ARBITER_PATTERN_ALLREDUCE;
   const bool fp8 = c.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
+  const bool quantised = fp8 || c.fp4();
   DeviceBuffer input(bytes, off), residual(bytes, off), residual_out(bytes, off),
       gamma(c.hidden * common::dtype_size(c.dtype), off), sum(bytes, off), norm_out(bytes, off),
-      quant(c.elements(), off), scale(sizeof(float), 0);
+      quant(c.quant_bytes(), off), scale(sizeof(float), 0), scale_out(c.scale_bytes(), 0);
   for (const DeviceBuffer* b :
-       {&input, &residual, &residual_out, &gamma, &sum, &norm_out, &quant, &scale}) {
+       {&input, &residual, &residual_out, &gamma, &sum, &norm_out, &quant, &scale, &scale_out}) {
     if (b->base == nullptr) {
       *error = "cudaMalloc failed";
       return -1;
@@ -218,7 +293,8 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
   a.algorithm = ARBITER_ALGORITHM_NATIVE;
   a.tokens = c.tokens;
   a.hidden = c.hidden;
-  a.flags = c.pdl ? ARBITER_RUN_PDL : 0u;
+  a.flags = (c.pdl ? ARBITER_RUN_PDL : 0u) |
+            (c.fp4() && c.linear_scales ? ARBITER_RUN_NVFP4_LINEAR_SCALES : 0u);
   a.input = input.get();
   a.allreduce_out = (!norm || c.allreduce_out) ? sum.get() : nullptr;
   if (norm) {
@@ -227,11 +303,12 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
     a.gamma = gamma.get();
     a.eps = 1e-6f;
     a.weight_bias = c.weight_bias;
-    a.norm_out = (!fp8 || c.norm_out) ? norm_out.get() : nullptr;
-    if (fp8) {
+    a.norm_out = (!quantised || c.norm_out) ? norm_out.get() : nullptr;
+    if (quantised) {
       a.quant_out = quant.get();
       a.scale = static_cast<const float*>(scale.get());
     }
+    if (c.fp4()) a.scale_out = scale_out.get();
   }
   if (c.layout != nullptr) {
     using arbiter::test::place_output;
@@ -280,13 +357,19 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
   if (a.allreduce_out != nullptr) out->allreduce_out = download(a.allreduce_out, bytes);
   if (norm) out->residual_out = download(a.residual_out, bytes);
   if (a.norm_out != nullptr) out->norm_out = download(a.norm_out, bytes);
-  if (fp8) out->quant_out = download(a.quant_out, c.elements());
+  if (quantised) out->quant_out = download(a.quant_out, c.quant_bytes());
+  if (c.fp4()) out->scale_out = download(a.scale_out, c.scale_bytes());
   return ARBITER_OK;
 }
 
 // ------------------------------------------------------------ ranks
 
-arbiter_workspace_spec spec_for(int rank, int world_size, int device) {
+constexpr std::uint32_t kNoFp4 = 0x7u;
+constexpr std::uint32_t kAllPatterns = 0xFu;
+
+// What the runtime asks for: the patterns wanted that the caps offer.
+arbiter_workspace_spec spec_for(int rank, int world_size, int device,
+                                std::uint32_t pattern_mask = kNoFp4) {
   arbiter_workspace_spec spec{};
   spec.world_size = world_size;
   spec.rank = rank;
@@ -295,7 +378,7 @@ arbiter_workspace_spec spec_for(int rank, int world_size, int device) {
   spec.max_tokens = 0;  // unknown: the scratch is sized from max_message_bytes
   spec.hidden = 0;
   spec.dtype = ARBITER_DTYPE_BF16;
-  spec.pattern_mask = 0x7u;
+  spec.pattern_mask = pattern_mask;
   spec.max_message_bytes = 1 << 20;
   spec.timeout_ms = 60000;
   return spec;
@@ -364,8 +447,7 @@ void check_ranks(const std::vector<RankResult>& results, const std::vector<Case>
         if (r > 0 && results[0].run_status[i] == ARBITER_OK) {
           const Outputs& a = results[0].outputs[i];
           const Outputs& b = results[r].outputs[i];
-          BOOST_TEST((a.allreduce_out == b.allreduce_out && a.residual_out == b.residual_out &&
-                      a.norm_out == b.norm_out && a.quant_out == b.quant_out));
+          BOOST_TEST((a == b));
         }
       }
     }
@@ -416,6 +498,39 @@ std::vector<Case> sweep() {
   return cases;
 }
 
+// NVFP4 over both dtypes and hidden sizes 16 (one block), 1008 (63 blocks:
+// the swizzled layout pads columns to 4), 2880, 7168 and 16400 (1025
+// blocks: more than one block per thread), 1, 33 and 300 tokens (three
+// 128-row tiles, the last partial), both scale layouts, the variants
+// rotated through.
+std::vector<Case> nvfp4_sweep() {
+  std::vector<Case> cases;
+  unsigned k = 0;
+  for (arbiter_dtype dtype : {ARBITER_DTYPE_FP16, ARBITER_DTYPE_BF16}) {
+    for (std::uint32_t hidden : {16u, 1008u, 2880u, 7168u, 16400u}) {
+      for (std::uint32_t tokens : {1u, 33u, 300u}) {
+        for (bool linear : {false, true}) {
+          Case c;
+          c.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+          c.dtype = dtype;
+          c.hidden = hidden;
+          c.tokens = tokens;
+          c.scale = kNvfp4GlobalScale;
+          c.linear_scales = linear;
+          c.weight_bias = k % 3 == 1 ? 1.0f : 0.0f;
+          c.allreduce_out = k % 4 == 1;
+          c.in_place_residual = k % 4 == 2;
+          c.norm_out = k % 5 != 3;
+          c.pdl = k % 2 == 1;
+          cases.push_back(c);
+          ++k;
+        }
+      }
+    }
+  }
+  return cases;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(probe_reports_the_device, *utf::precondition(NeedsGpus{1})) {
@@ -428,7 +543,11 @@ BOOST_AUTO_TEST_CASE(probe_reports_the_device, *utf::precondition(NeedsGpus{1}))
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
   BOOST_TEST(caps.capability == static_cast<std::uint32_t>(major * 10 + minor));
-  BOOST_TEST(caps.pattern_mask == 0x7u);
+  // A build for the device (the suite is built with the module): the norm
+  // patterns, NVFP4 from capability 100 on; and every world size from 1.
+  BOOST_TEST(caps.pattern_mask == (caps.capability >= kMinNvfp4Capability ? kAllPatterns : kNoFp4));
+  BOOST_TEST(caps.world_size_mask == arbiter::nccl::kWorldSizeMask);
+  BOOST_TEST(((caps.world_size_mask >> 1) & 1u) == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(one_rank_matches_the_reference, *utf::precondition(NeedsGpus{1})) {
@@ -522,7 +641,7 @@ BOOST_AUTO_TEST_CASE(run_refuses_what_it_cannot_do, *utf::precondition(NeedsGpus
     int32_t status;
   };
   const Bad bad[] = {
-      {"fp4", [](auto& a) { a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4; },
+      {"fp4 not in pattern_mask", [](auto& a) { a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4; },
        ARBITER_UNSUPPORTED},
       {"fp8 not in pattern_mask", [](auto& a) { a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8; },
        ARBITER_UNSUPPORTED},
@@ -593,6 +712,143 @@ BOOST_AUTO_TEST_CASE(two_ranks_on_one_gpu_fail_together_or_work, *utf::precondit
 BOOST_AUTO_TEST_CASE(two_ranks_match_the_reference_on_every_rank,
                      *utf::precondition(NeedsGpus{2})) {
   std::vector<Case> cases = sweep();
+  std::uint32_t patterns = kNoFp4;
+  if (device_capability() >= kMinNvfp4Capability) {
+    const std::vector<Case> nvfp4 = nvfp4_sweep();
+    cases.insert(cases.end(), nvfp4.begin(), nvfp4.end());
+    patterns = kAllPatterns;
+  }
   const std::vector<HostData> data = data_for(cases, 2);
-  check_ranks(run_ranks({0, 1}, {spec_for(0, 2, 0), spec_for(1, 2, 1)}, cases, data), cases, data);
+  check_ranks(
+      run_ranks({0, 1}, {spec_for(0, 2, 0, patterns), spec_for(1, 2, 1, patterns)}, cases, data),
+      cases, data);
+}
+
+// ------------------------------------------------------------ NVFP4
+
+BOOST_AUTO_TEST_CASE(nvfp4_matches_the_reference, *utf::precondition(NeedsNvfp4Device{true})) {
+  std::vector<Case> cases = nvfp4_sweep();
+  // Inside CUDA-graph capture, replayed twice.
+  Case graph;
+  graph.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+  graph.scale = kNvfp4GlobalScale;
+  graph.tokens = 130;
+  graph.capture = true;
+  graph.pdl = true;
+  cases.push_back(graph);
+  // Outputs over input and residual_in (the FP8 layouts: the quantising ones).
+  for (const arbiter::test::InPlaceLayout& layout : arbiter::test::kInPlaceLayouts) {
+    if (layout.pattern != ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) continue;
+    for (bool linear : {false, true}) {
+      Case c;
+      c.layout = &layout;
+      c.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+      c.scale = kNvfp4GlobalScale;
+      c.linear_scales = linear;
+      c.tokens = 150;
+      c.allreduce_out = layout.allreduce_out != arbiter::test::Place::kNone;
+      c.norm_out = layout.norm_out != arbiter::test::Place::kNone;
+      cases.push_back(c);
+    }
+  }
+  const std::vector<HostData> data = data_for(cases, 1);
+  check_ranks(run_ranks({0}, {spec_for(0, 1, 0, kAllPatterns)}, cases, data), cases, data);
+}
+
+// A message beyond the 16 MiB scratch runs in chunks of 1170 tokens (16 MiB
+// / 14336-byte rows), which start inside 128-row swizzle tiles: the chunked
+// call must write the bits one call over a larger scratch writes, padding
+// and all, and match the reference.
+BOOST_AUTO_TEST_CASE(nvfp4_chunks_write_what_one_call_writes,
+                     *utf::precondition(NeedsNvfp4Device{true})) {
+  std::vector<Case> cases;
+  for (bool linear : {false, true}) {
+    for (bool in_place : {true, false}) {
+      Case c;
+      c.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+      c.dtype = ARBITER_DTYPE_BF16;
+      c.hidden = 7168;
+      c.tokens = 2500;  // 35.8 MB: chunks of 1170, 1170 and 160 tokens
+      c.scale = kNvfp4GlobalScale;
+      c.linear_scales = linear;
+      c.in_place_residual = in_place;  // the sum goes to the scratch
+      c.allreduce_out = !in_place;
+      cases.push_back(c);
+    }
+  }
+  const std::vector<HostData> data = data_for(cases, 1);
+  arbiter_workspace_spec chunked = spec_for(0, 1, 0, kAllPatterns);
+  BOOST_REQUIRE(arbiter::nccl::scratch_bytes_for(chunked) < cases[0].bytes());
+  arbiter_workspace_spec whole = chunked;
+  whole.max_message_bytes = std::uint64_t{64} << 20;
+  BOOST_REQUIRE(arbiter::nccl::scratch_bytes_for(whole) >= cases[0].bytes());
+  const std::vector<RankResult> in_chunks = run_ranks({0}, {chunked}, cases, data);
+  const std::vector<RankResult> at_once = run_ranks({0}, {whole}, cases, data);
+  check_ranks(in_chunks, cases, data);
+  check_ranks(at_once, cases, data);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    BOOST_TEST_CONTEXT("case " << i << ": " << cases[i].name()) {
+      BOOST_TEST((in_chunks[0].outputs[i] == at_once[0].outputs[i]));
+      BOOST_TEST(!in_chunks[0].outputs[i].scale_out.empty());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(nvfp4_calls_the_module_cannot_run_are_refused,
+                     *utf::precondition(NeedsNvfp4Device{true})) {
+  std::vector<Case> cases(3);
+  for (Case& c : cases) {
+    c.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+    c.scale = kNvfp4GlobalScale;
+    c.tokens = 4;
+  }
+  cases[0].dtype = ARBITER_DTYPE_FP32;
+  cases[1].hidden = 2888;  // a multiple of 8, not of 16
+  cases[2].misaligned = true;
+  const std::vector<HostData> data = data_for(cases, 1);
+  const auto results = run_ranks({0}, {spec_for(0, 1, 0, kAllPatterns)}, cases, data);
+  BOOST_REQUIRE_MESSAGE(results[0].create_status == ARBITER_OK, results[0].create_error);
+  const struct {
+    int32_t status;
+    const char* words;
+  } expected[] = {{ARBITER_UNSUPPORTED, "NVFP4 needs fp16 or bf16 input"},
+                  {ARBITER_UNSUPPORTED, "NVFP4 needs hidden % 16 == 0"},
+                  {ARBITER_INVALID_ARGUMENT, "is not 16-byte aligned"}};
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    BOOST_TEST_INFO(cases[i].name());
+    BOOST_TEST(results[0].run_status[i] == expected[i].status);
+    BOOST_CHECK_MESSAGE(results[0].run_error[i].find(expected[i].words) != std::string::npos,
+                        results[0].run_error[i]);
+  }
+}
+
+// DESIGN.md section 6: FP4 on SM90 is refused, never run as a no-op. The
+// workspace may list NVFP4 (a caller that did not read the caps); the call
+// is refused on the host, with the reason, before anything is enqueued.
+BOOST_AUTO_TEST_CASE(nvfp4_is_refused_below_capability_100,
+                     *utf::precondition(NeedsNvfp4Device{false})) {
+  require_module();
+  arbiter_probe_args args{ARBITER_DEVICE_GPU, 0};
+  arbiter_backend_caps caps{};
+  BOOST_REQUIRE_MESSAGE(api().probe(&args, &caps) == ARBITER_OK, api().last_error());
+  BOOST_TEST(((caps.pattern_mask >> ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) & 1u) == 0u);
+
+  std::vector<Case> cases(2);
+  for (Case& c : cases) {
+    c.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
+    c.scale = kNvfp4GlobalScale;
+    c.tokens = 33;
+  }
+  cases[1].linear_scales = true;
+  const std::vector<HostData> data = data_for(cases, 1);
+  const auto results = run_ranks({0}, {spec_for(0, 1, 0, kAllPatterns)}, cases, data);
+  BOOST_REQUIRE_MESSAGE(results[0].create_status == ARBITER_OK, results[0].create_error);
+  const std::string words =
+      "NVFP4 needs capability >= 100 (this device is " + std::to_string(device_capability()) + ")";
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    BOOST_TEST_INFO(cases[i].name());
+    BOOST_TEST(results[0].run_status[i] == ARBITER_UNSUPPORTED);
+    BOOST_CHECK_MESSAGE(results[0].run_error[i].find(words) != std::string::npos,
+                        results[0].run_error[i]);
+  }
 }
