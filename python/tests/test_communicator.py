@@ -289,3 +289,15 @@ def test_patterns_narrow_what_the_communicator_runs():
         with pytest.raises(arbiter.ArbiterError, match=message):
             arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32",
                                  patterns=patterns)
+
+
+def test_the_example_on_cuda_says_what_is_missing(arbiter_bin, tmp_path):
+    # Without torch or a GPU: one clear line, no traceback. With both (a GPU
+    # machine), the GPU run itself must pass.
+    code, log = launch(arbiter_bin, tmp_path, 1, None, site=False,
+                       program=[EXAMPLE, "--device", "cuda", "--layers", "1", "--steps", "1"])
+    if code == 0:
+        assert "every rank matches the unsplit model" in log, log
+        return
+    assert "Traceback" not in log, log
+    assert ("--device cuda needs torch" in log or "torch sees no CUDA device" in log), log

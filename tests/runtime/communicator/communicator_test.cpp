@@ -158,3 +158,21 @@ BOOST_AUTO_TEST_CASE(the_shared_gpu_test_mode_leaves_cpu_ranks_alone_and_takes_o
   BOOST_TEST(contains(bad.output, "switched on by exactly 1"), bad.output);
   BOOST_TEST(!contains(bad.output, ": OK"), bad.output);
 }
+
+#ifdef EXAMPLE_FUSED_BIN
+// The example's GPU mode where there is no GPU (or no CUDA in its build):
+// one clear line, no crash. On a GPU machine it must simply pass.
+BOOST_AUTO_TEST_CASE(the_example_on_cuda_says_clearly_what_is_missing) {
+  const CommandResult r =
+      run_command(std::string(ARBITER_BIN) + " launch --nproc 1 --timeout 120 -- " +
+                  EXAMPLE_FUSED_BIN + " --device cuda");
+  if (r.exit_code == 0) {
+    BOOST_TEST(contains(r.output, "GPU ranks"), r.output);
+    return;
+  }
+  BOOST_TEST((contains(r.output, "--device cuda: no CUDA device") ||
+              contains(r.output, "--device cuda: this build of the example has no CUDA")),
+             r.output);
+  BOOST_TEST(!contains(r.output, "terminate called"), r.output);
+}
+#endif
