@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import struct
 import threading
 from ctypes import (
     POINTER,
@@ -142,6 +143,23 @@ class CAllreduceArgs(Structure):
         ("scale_out", c_void_p),
         ("scale", c_void_p),
     ]
+
+
+# arbiter_allreduce_args as struct.pack_into writes it, field by field in
+# CAllreduceArgs' order: one call fills the whole struct (pointers are ints,
+# 0 for NULL). Checked against the ctypes layout when the module loads.
+ALLREDUCE_ARGS_LAYOUT = struct.Struct("@iiiIII5P2f4P")
+assert ALLREDUCE_ARGS_LAYOUT.size == ctypes.sizeof(CAllreduceArgs)
+
+# arbiter_comm_allreduce_fusion with every argument an address (an int, or
+# None for NULL): what the hot path calls, without byref() objects.
+FusionCall = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_void_p, c_void_p)
+
+
+def fusion_call(lib: ctypes.CDLL):
+    """arbiter_comm_allreduce_fusion(comm, args, stream, used) of `lib` as a
+    FusionCall."""
+    return FusionCall(("arbiter_comm_allreduce_fusion", lib))
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -1,13 +1,20 @@
 """Arrays as the Communicator sees them: an address, a shape, an element type,
 a device, and whether they may be written.
 
-Two ways in, tried in this order:
-  1. The buffer protocol (numpy arrays, array.array, bytearray, memoryview):
+Three ways in, tried in this order:
+  1. torch tensors, read directly (pointer, shape, dtype, device, strides:
+     _torch_tensors.py), without a DLPack export.
+  2. The buffer protocol (numpy arrays, array.array, bytearray, memoryview):
      host memory, with the producer's read-only flag, format and strides.
-  2. DLPack (`__dlpack__` / `__dlpack_device__`: torch, cupy, jax, numpy):
-     host or CUDA memory. A CUDA producer is given the caller's stream, so
-     its pending work is ordered before ours, as the protocol asks. Legacy
-     DLPack cannot say "read-only"; such arrays count as writable.
+  3. DLPack (`__dlpack__` / `__dlpack_device__`: cupy, jax, ...): host or
+     CUDA memory. A CUDA producer is given the caller's stream, so its
+     pending work is ordered before ours, as the protocol asks (stream None:
+     the legacy default stream, the protocol's 1). Legacy DLPack cannot say
+     "read-only"; such arrays count as writable.
+
+Element names are the Communicator's: fp16, bf16, fp32, u16, u8, i8, and
+each 8-bit float by its format (fp8_e4m3fn, fp8_e5m2, ...), since only
+e4m3fn is what the FP8 kernels write.
 
 A Borrowed view keeps what it borrowed (the Py_buffer, the capsule) until it
 is released, so the address stays valid for the call.
@@ -90,7 +97,10 @@ _api.PyCapsule_IsValid.restype = c_int
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
-_DL_FLOAT8_CODES = range(7, 13)  # the float8 formats of DLPack 1.1
+# The 8-, 6- and 4-bit float formats of DLPack 1.1, by type code.
+_DL_SMALL_FLOATS = {7: "fp8_e3m4", 8: "fp8_e4m3", 9: "fp8_e4m3b11fnuz", 10: "fp8_e4m3fn",
+                    11: "fp8_e4m3fnuz", 12: "fp8_e5m2", 13: "fp8_e5m2fnuz", 14: "fp8_e8m0fnu",
+                    15: "fp6_e2m3fn", 16: "fp6_e3m2fn", 17: "fp4_e2m1fn"}
 
 
 def _dl_element(code: int, bits: int, lanes: int) -> str:
@@ -104,8 +114,9 @@ def _dl_element(code: int, bits: int, lanes: int) -> str:
         return f"u{bits}"
     if code == _DL_INT and bits == 8:
         return "i8"
-    if code in _DL_FLOAT8_CODES and bits == 8:
-        return "fp8"
+    if code in _DL_SMALL_FLOATS:
+        name = _DL_SMALL_FLOATS[code]
+        return name if int(name[2]) == bits else f"{name} of {bits} bits"
     return f"dlpack type code {code} of {bits} bits"
 
 
@@ -233,6 +244,11 @@ def _from_dlpack(obj: object, what: str, stream: int | None) -> Borrowed:
 def borrow(obj: object, what: str, stream: int | None = None) -> Borrowed:
     """The array behind obj, for the duration of a call (release() it after).
     Raises ArbiterError naming `what` when obj is not an array."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        from ._torch_tensors import borrow_tensor
+
+        return borrow_tensor(obj, what)
     view = _from_buffer(obj)
     if view is not None:
         return view

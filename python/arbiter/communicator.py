@@ -8,6 +8,10 @@ Every rank calls the same methods in the same order with the same shapes
 (only the data differs). Arrays are checked on the calling rank before it
 joins the collective, so a bad call raises ArbiterError at once; its peers,
 which did join, fail when the deadline passes, naming the rank they lacked.
+
+torch tensors take their own path (arbiter/torch.py): read directly, run
+on torch's current stream, and through the op torch.ops.arbiter.allreduce_fusion
+when torch.compile traces the call.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import ctypes
 import math
 import sys
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import _library
 from .arrays import Borrowed, borrow
@@ -41,15 +45,23 @@ _REQUIRED = {
 }
 _ELEMENTS = {Dtype.FP16: ("fp16",), Dtype.BF16: ("bf16", "u16"), Dtype.FP32: ("fp32",)}
 _NUMPY_TYPES = {Dtype.FP16: "float16", Dtype.BF16: "uint16", Dtype.FP32: "float32"}
-_BYTES = ("u8", "fp8", "i8")  # quantised outputs
+# Quantised outputs: raw bytes, or the format the kernels write.
+_FP8_BYTES = ("u8", "i8", "fp8_e4m3fn")
+_FP4_BYTES = ("u8", "i8", "fp4_e2m1fn_x2")
+_FP8_HINT = " (the kernels write float8 e4m3fn; another float8 format would hold wrong values)"
 
 
-@dataclass(frozen=True)
-class FusionResult:
+class _NoTensor:
+    """Stands for torch.Tensor until torch is imported: nothing is one."""
+
+
+class FusionResult(NamedTuple):
     """The outputs of one call (None where the pattern or `out` wrote none)
-    and the decision that ran it."""
+    and the decision that ran it: None when torch.compile traced the call
+    (the compiled graph runs later, deciding by size at each call; see
+    Communicator.last_decision). A named tuple: immutable, cheap to make."""
 
-    decision: Decision
+    decision: Decision | None
     allreduce_out: object = None
     residual_out: object = None
     norm_out: object = None
@@ -71,6 +83,12 @@ def _stream_handle(stream: object) -> int:
     raise _invalid(f"stream: a {type(stream).__name__} is not a CUDA stream or handle")
 
 
+def _is_torch_group(oob: object) -> bool:
+    """A torch.distributed ProcessGroup, or one of its backends (ProcessGroupGloo, ...)."""
+    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
+    return c10d is not None and isinstance(oob, (c10d.ProcessGroup, c10d.Backend))
+
+
 def _pattern_mask(patterns: object) -> int:
     """arbiter_comm_options.pattern_mask for `patterns` (None: 0, every pattern)."""
     if patterns is None:
@@ -89,7 +107,7 @@ def _pattern_mask(patterns: object) -> int:
     return mask
 
 
-def _nvfp4_scale_bytes(tokens: int, hidden: int) -> int:
+def nvfp4_scale_bytes(tokens: int, hidden: int) -> int:
     """scale_out for NVFP4 in the 128x4 swizzled layout (16-element blocks)."""
     block_cols = hidden // 16
     return ((tokens + 127) // 128) * 128 * ((block_cols + 3) // 4) * 4
@@ -128,6 +146,10 @@ class Communicator:
         (NVFP4 below capability 10.0, say) is refused when called, with the
         reason, and fewer patterns can mean smaller workspaces. A world size of
         1 works: the fallback runs the residual add and norm on this rank."""
+        if _is_torch_group(oob):
+            raise _invalid(f"oob: a torch.distributed {type(oob).__name__} moves tensors, not "
+                           "bytes; create the communicator with "
+                           "Communicator.from_process_group(group, ...)")
         if not isinstance(rank, int) or not isinstance(world_size, int) or not (
             0 <= rank < world_size
         ):
@@ -169,12 +191,50 @@ class Communicator:
             p, o, h))
         return self
 
+    @classmethod
+    def from_process_group(
+        cls,
+        group: object = None,
+        *,
+        hidden: int,
+        dtype: str | Dtype,
+        device: object = None,
+        max_tokens: int | None = None,
+        policy: Policy | None = None,
+        timeout: float | None = None,
+        capability: int | str | tuple | None = None,
+        nodes: int = 1,
+        nvlink_domain: bool = True,
+        multicast: bool = False,
+        patterns: object = None,
+    ) -> "Communicator":
+        """Collective over a torch.distributed group (None: the default
+        group) that moves CPU tensors: gloo, or a gloo group beside NCCL
+        (vLLM's cpu_group). Ranks and size are the group's; `timeout`
+        (seconds) defaults to the group's own. `device`: "cpu" (the default
+        unless `capability` names a GPU), a CUDA device ("cuda:1", 1,
+        torch.device), or None for torch's current CUDA device on a GPU
+        rank; `capability` defaults to the device's. The rest as for the
+        constructor."""
+        from ._process_group import GroupOob, group_timeout, rank_device
+
+        oob = GroupOob(group)
+        device, capability = rank_device(device, capability)
+        return cls(oob, rank=oob.rank, world_size=oob.size, local_rank=device,
+                   hidden=hidden, dtype=dtype, max_tokens=max_tokens, policy=policy,
+                   timeout=group_timeout(oob.group) if timeout is None else timeout,
+                   capability=capability, nodes=nodes, nvlink_domain=nvlink_domain,
+                   multicast=multicast, patterns=patterns)
+
     # --- creation ---------------------------------------------------------
 
     def _setup(self, hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,
                multicast, local_rank, patterns) -> None:
         self._handle = ctypes.c_void_p()
+        self._handle_value = 0
         self._lock = threading.Lock()
+        self._tensor_type = _NoTensor
+        self._op_handle = None
         if not isinstance(hidden, int) or isinstance(hidden, bool) or not 0 < hidden < 2**32:
             raise _invalid(f"hidden {hidden!r} is not a positive integer")
         if max_tokens is not None and (
@@ -231,6 +291,31 @@ class Communicator:
             lib.arbiter_backend_name(i).decode() for i in range(32) if (info.backend_mask >> i) & 1
         ]
         self._fingerprint = int(info.fingerprint)
+        # What every call reuses: one argument block, one decision, the
+        # function as a prototype over plain addresses.
+        self._handle_value = self._handle.value
+        self._dtype_code = int(self.dtype)
+        self._args = _library.CAllreduceArgs()
+        self._args_address = ctypes.addressof(self._args)
+        self._decision = _library.CDecision()
+        self._decision_address = ctypes.addressof(self._decision)
+        self._decisions: dict = {}  # the C decision's bytes -> Decision
+        self._scale_value = ctypes.c_float()
+        self._scale_address = ctypes.addressof(self._scale_value)
+        self._fusion_call = _library.fusion_call(lib)
+        if "torch" in sys.modules:
+            self._enable_torch()
+
+    def _enable_torch(self) -> None:
+        """Takes torch tensors through arbiter.torch from now on."""
+        from . import torch as arbiter_torch
+        from ._torch_tensors import TORCH_DTYPES
+
+        self._torch_dtype = TORCH_DTYPES[self.dtype]
+        self._torch_call = arbiter_torch.call
+        self._op_handle = arbiter_torch.register(self)
+        self._unregister = arbiter_torch.unregister
+        self._tensor_type = sys.modules["torch"].Tensor
 
     # --- properties -------------------------------------------------------
 
@@ -247,6 +332,29 @@ class Communicator:
     @property
     def fingerprint_hex(self) -> str:
         return f"{self._fingerprint:016x}"
+
+    @property
+    def op_handle(self) -> int:
+        """This communicator's argument to torch.ops.arbiter.allreduce_fusion
+        (arbiter.torch): an integer no other communicator ever gets."""
+        if self._op_handle is None:
+            if "torch" not in sys.modules:
+                raise _invalid("op_handle: the op is torch's; import torch first")
+            self._enable_torch()
+        return self._op_handle
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The decision of the latest call (None before the first), calls
+        through the op and compiled graphs included; a call that failed after
+        deciding leaves what it decided."""
+        key = bytes(self._decision)
+        decision = self._decisions.get(key)
+        if decision is None:
+            if not any(key):
+                return None
+            decision = self._decisions[key] = decision_from_c(self._lib, self._decision)
+        return decision
 
     # --- the call ---------------------------------------------------------
 
@@ -274,14 +382,33 @@ class Communicator:
         Outputs are new arrays (numpy, for host memory), or the arrays in
         `out` (keys allreduce_out, residual_out, norm_out, quant_out,
         scale_out; a key set to None is not written). In place is allowed as
-        the C API says: an output may be exactly x or residual. CUDA arrays
-        need every output in `out`; `stream` (a handle or a torch/cupy
+        the C API says: an output may be exactly x or residual. FP8
+        quant_out is uint8 or float8_e4m3fn, what the kernels write; other
+        float8 formats are refused. `stream` (a handle or a torch/cupy
         stream) orders the call, and the arrays' producers, on it.
+
+        torch tensors (all of a call's arrays, then) are read directly;
+        outputs not in `out` are new tensors on x's device; on CUDA the call
+        runs on torch's current stream unless `stream` names another. Under
+        torch.compile the call is the op torch.ops.arbiter.allreduce_fusion
+        (arbiter.torch) and the result's decision is None. Other CUDA arrays
+        need every output in `out`, and `stream`, or run on the legacy
+        default stream (which CUDA-graph capture refuses).
 
         residual_replicated=True promises that `residual` holds the same
         values on every rank (as in tensor parallelism): a backend may then
         run each token's norm on one rank and copy its outputs to the others
         (the shm two-shot does). Same results while the promise holds."""
+        if isinstance(x, self._tensor_type):
+            return self._torch_call(self, x, residual, weight, eps, pattern, out, stream, scale,
+                                    weight_bias, residual_replicated)
+        if self._tensor_type is _NoTensor and "torch" in sys.modules and self._handle_value:
+            self._enable_torch()  # torch came after the communicator
+            if isinstance(x, self._tensor_type):
+                return self.allreduce_fusion(x, residual, weight, eps=eps, pattern=pattern,
+                                             out=out, stream=stream, scale=scale,
+                                             weight_bias=weight_bias,
+                                             residual_replicated=residual_replicated)
         if not self._lock.acquire(blocking=False):
             raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
         held: list[Borrowed] = []
@@ -311,9 +438,10 @@ class Communicator:
         if view.shape != shape:
             raise _invalid(f"{what}: shape {view.shape}, expected {shape}")
         if view.element not in elements:
+            hint = (_FP8_HINT if elements is _FP8_BYTES else
+                    " (bf16 as a uint16 array of its bits)" if "u16" in elements else "")
             raise _invalid(
-                f"{what}: element type {view.element}, expected {' or '.join(elements)}"
-                + (" (bf16 as a uint16 array of its bits)" if "u16" in elements else "")
+                f"{what}: element type {view.element}, expected {' or '.join(elements)}{hint}"
             )
         if writable and view.readonly:
             raise _invalid(f"{what}: the array is read-only")
@@ -378,11 +506,12 @@ class Communicator:
             raise _invalid(f"pattern {pattern.name.lower()} takes no scale")
 
         def layout(name: str) -> tuple:  # (shape, element types) of an output
+            if name == "quant_out" and pattern == Pattern.RESIDUAL_RMSNORM_FP8:
+                return (tokens, hidden), _FP8_BYTES
             if name == "quant_out":
-                per_token = hidden if pattern == Pattern.RESIDUAL_RMSNORM_FP8 else hidden // 2
-                return (tokens, per_token), _BYTES
+                return (tokens, hidden // 2), _FP4_BYTES
             if name == "scale_out":
-                return (_nvfp4_scale_bytes(tokens, hidden),), _BYTES
+                return (nvfp4_scale_bytes(tokens, hidden),), _FP8_BYTES
             return (tokens, hidden), elements
 
         given = dict(out or {})
@@ -412,14 +541,11 @@ class Communicator:
             setattr(args, name, view.address)
             results[name] = obj
 
-        decision = _library.CDecision()
-        lib = self._lib
-        status = lib.arbiter_comm_allreduce_fusion(
-            self._handle, ctypes.byref(args), handle or None, ctypes.byref(decision)
-        )
+        status = self._fusion_call(self._handle_value, ctypes.addressof(args), handle or None,
+                                   self._decision_address)
         del scale_keep  # the call is over
-        _library.check(lib, status)
-        return FusionResult(decision=decision_from_c(lib, decision), **results)
+        _library.check(self._lib, status)
+        return FusionResult(decision=self.last_decision, **results)
 
     def _allocate(self, name: str, shape: tuple, elements: tuple):
         if self.device >= 0:
@@ -428,7 +554,7 @@ class Communicator:
             )
         import numpy
 
-        kind = "uint8" if elements is _BYTES else _NUMPY_TYPES[self.dtype]
+        kind = "uint8" if elements in (_FP8_BYTES, _FP4_BYTES) else _NUMPY_TYPES[self.dtype]
         return numpy.empty(shape, dtype=kind)
 
     # --- lifetime ---------------------------------------------------------
@@ -436,7 +562,11 @@ class Communicator:
     def close(self) -> None:
         """Collective: frees every workspace (every rank must close)."""
         if self._handle:
-            handle, self._handle = self._handle, ctypes.c_void_p()
+            with self._lock:  # not while a call runs on it
+                handle, self._handle = self._handle, ctypes.c_void_p()
+                self._handle_value = 0
+            if self._op_handle is not None:
+                self._unregister(self._op_handle)
             self._lib.arbiter_comm_destroy(handle)
         self._oob = None
 

@@ -1,0 +1,90 @@
+"""arbiter's out-of-band exchange over a torch.distributed group, for
+Communicator.from_process_group: each allgather is one all_gather of uint8
+CPU tensors over the group, bounded by the deadline the C side passes.
+
+The group must move CPU tensors (gloo, or a gloo group beside NCCL such as
+vLLM's cpu_group): creation exchanges a few hundred bytes of host memory.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from .errors import invalid_argument as _invalid
+
+
+class GroupOob:
+    """allgather(bytes, timeout) -> list[bytes] over `group` (None: the
+    default group), as arbiter.oob asks of a group."""
+
+    def __init__(self, group) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise _invalid("from_process_group: torch.distributed is not initialised; call "
+                           "torch.distributed.init_process_group(...) first")
+        if group is None:
+            group = dist.group.WORLD
+        if not isinstance(group, dist.ProcessGroup):
+            raise _invalid(f"from_process_group: a {type(group).__name__} is not a "
+                           "torch.distributed ProcessGroup")
+        try:
+            group._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            raise _invalid(
+                f"from_process_group: the group ({dist.get_backend(group)}) does not move CPU "
+                "tensors, and arbiter's bootstrap exchanges host bytes; pass a gloo group, "
+                "e.g. torch.distributed.new_group(ranks, backend='gloo') (vLLM's cpu_group)"
+            ) from None
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def allgather(self, data: bytes, timeout: float) -> list[bytes]:
+        # gloo refuses empty tensors: a barrier's empty message travels as one byte.
+        send = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
+        parts = [torch.empty_like(send) for _ in range(self.size)]
+        work = dist.all_gather(parts, send, group=self.group, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:
+            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                raise TimeoutError(f"all_gather over the process group: {e}") from e
+            raise
+        return [part.numpy().tobytes() if data else b"" for part in parts]
+
+
+def group_timeout(group) -> float | None:
+    """The group's own timeout in seconds (None when torch does not say)."""
+    try:
+        timeout = group._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
+    seconds = timeout.total_seconds()
+    return seconds if seconds > 0 else None
+
+
+def rank_device(device, capability) -> tuple[int | None, object]:
+    """(local_rank for the Communicator, capability) from from_process_group's
+    device and capability."""
+    if device is None:
+        gpu = capability is not None and capability != "cpu" and capability != 0
+        device = torch.cuda.current_device() if gpu else "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = torch.device("cuda", device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise _invalid(f"device {device!r} is not a torch device: {e}") from None
+    if device.type == "cpu":
+        if capability not in (None, "cpu", 0):
+            raise _invalid(f"device cpu with capability {capability!r}: CPU ranks use the "
+                           "capability cpu")
+        return None, "cpu"
+    if device.type != "cuda":
+        raise _invalid(f"device {device}: arbiter runs on cpu or cuda devices")
+    ordinal = torch.cuda.current_device() if device.index is None else device.index
+    if capability is None:
+        capability = torch.cuda.get_device_capability(ordinal)
+    return ordinal, capability

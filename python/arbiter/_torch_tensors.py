@@ -1,0 +1,216 @@
+"""torch tensors as the Communicator reads them: the pointer, shape, dtype,
+device and contiguity straight from the tensor (no DLPack export), and on
+CUDA the stream from torch's current stream when the caller names none.
+
+Two entries:
+  - check(): every rule a call's tensors must meet, on metadata alone, so
+    the op's fake implementation (torch.compile's tracing) runs it too;
+  - run(): check() then one call of the C API, with the arguments packed
+    into the communicator's own arbiter_allreduce_args. This is the eager
+    path of Communicator.allreduce_fusion and the op's implementation.
+
+Imported only when torch is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _library
+from .arrays import Borrowed
+from .communicator import nvfp4_scale_bytes
+from .errors import invalid_argument as _invalid
+from .policy import Dtype
+
+TORCH_DTYPES = {Dtype.FP16: torch.float16, Dtype.BF16: torch.bfloat16, Dtype.FP32: torch.float32}
+_NAMES = {
+    torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "f64",
+    torch.uint8: "u8", torch.int8: "i8", torch.uint16: "u16",
+    torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz",
+    torch.float8_e5m2: "fp8_e5m2", torch.float8_e5m2fnuz: "fp8_e5m2fnuz",
+}
+for _name in ("float8_e8m0fnu", "float4_e2m1fn_x2"):  # newer torch only
+    if hasattr(torch, _name):
+        _NAMES[getattr(torch, _name)] = _name.replace("float", "fp")
+
+OUTPUTS = ("allreduce_out", "residual_out", "norm_out", "quant_out", "scale_out")
+# By pattern code (arbiter_pattern): the outputs it may write, those it
+# must, and those written when the caller gives none.
+WRITES = ({0}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4})
+REQUIRED = ({0}, {2}, {3}, {3, 4})
+PRODUCED = ((0,), (1, 2), (1, 3), (1, 3, 4))
+# Quantised outputs: raw bytes, or the float type the kernels write.
+_FP8 = (torch.uint8, torch.int8, torch.float8_e4m3fn)
+_FP4 = (torch.uint8, torch.int8) + ((torch.float4_e2m1fn_x2,)
+                                    if hasattr(torch, "float4_e2m1fn_x2") else ())
+_WHAT = ("out['allreduce_out']", "out['residual_out']", "out['norm_out']", "out['quant_out']",
+         "out['scale_out']")
+_PATTERN_NAMES = ("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8", "residual_rmsnorm_fp4")
+
+
+def element(dtype: torch.dtype) -> str:
+    return _NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _where(device: int) -> str:
+    return "host memory" if device < 0 else f"CUDA device {device}"
+
+
+def _device_of(t: torch.Tensor) -> int | None:
+    """-1 for host memory, the ordinal on CUDA, None elsewhere (meta, ...)."""
+    if t.is_cpu:
+        return -1
+    return t.get_device() if t.is_cuda else None
+
+
+def _refuse(t, what: str, shape: tuple, dtypes: tuple, device: int, hint: str = ""):
+    """The error for a tensor that check() found wanting: says which rule failed."""
+    if not isinstance(t, torch.Tensor):
+        raise _invalid(f"{what}: a {type(t).__name__}; the other arguments are torch tensors, "
+                       "pass torch tensors throughout")
+    got = _device_of(t)
+    if got != device:
+        where = _where(got) if got is not None else f"{t.device.type} memory"
+        raise _invalid(f"{what}: the tensor is in {where}, this rank's communicator runs on "
+                       f"{_where(device)}")
+    if tuple(t.shape) != tuple(shape):
+        raise _invalid(f"{what}: shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if t.dtype not in dtypes:
+        raise _invalid(f"{what}: element type {element(t.dtype)}, expected "
+                       f"{' or '.join(element(d) for d in dtypes)}{hint}")
+    raise _invalid(f"{what}: the tensor is not C-contiguous (call .contiguous() first)")
+
+
+def _check(t, what: str, shape, dtype: torch.dtype, device: int) -> None:
+    if not (t.dtype is dtype and t.shape == shape and t.is_contiguous()
+            and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device)):
+        _refuse(t, what, shape, (dtype,), device)
+
+
+def _check_bytes(t, what: str, shape: tuple, dtypes: tuple, device: int) -> None:
+    if not (t.dtype in dtypes and t.shape == shape and t.is_contiguous()
+            and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device)):
+        _refuse(t, what, shape, dtypes, device,
+                " (the kernels write float8 e4m3fn; another float8 format would hold wrong "
+                "values)" if torch.float8_e4m3fn in dtypes else "")
+
+
+def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bias,
+          replicated) -> int:
+    """Raises ArbiterError naming the argument and the rule unless the call
+    can run on `comm`; returns the number of tokens. Reads metadata only."""
+    dtype, device, hidden = comm._torch_dtype, comm.device, comm.hidden
+    shape = x.shape
+    if len(shape) != 2:
+        raise _invalid(f"x: shape {tuple(shape)}; expected (tokens, hidden={hidden})")
+    tokens = shape[0]
+    if shape[1] != hidden:
+        raise _invalid(f"x: hidden {shape[1]}; the communicator was created for {hidden}")
+    if comm.max_tokens is not None and tokens > comm.max_tokens:
+        raise _invalid(f"x: {tokens} tokens, more than max_tokens={comm.max_tokens}")
+    _check(x, "x", shape, dtype, device)
+    name = _PATTERN_NAMES[code]
+    if code:
+        if residual is None or weight is None:
+            raise _invalid(f"pattern {name} needs residual and weight")
+        _check(residual, "residual", shape, dtype, device)
+        _check(weight, "weight", (hidden,), dtype, device)
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+            raise _invalid(f"eps {eps!r} must be finite and >= 0")
+        if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
+            raise _invalid(f"weight_bias {weight_bias!r} must be finite")
+    elif residual is not None or weight is not None:
+        raise _invalid("pattern allreduce takes no residual or weight")
+    if replicated is not True and replicated is not False:
+        raise _invalid(f"residual_replicated {replicated!r} must be True or False")
+    if code >= 2:
+        if scale is None:
+            raise _invalid(f"pattern {name} needs scale")
+        if isinstance(scale, torch.Tensor):
+            if _device_of(scale) != device:
+                raise _invalid(f"scale: the tensor is in {scale.device}, this rank's "
+                               f"communicator runs on {_where(device)}")
+            if not (scale.dtype is torch.float32 and scale.numel() == 1):
+                raise _invalid(f"scale: {element(scale.dtype)} of shape {tuple(scale.shape)}; "
+                               "pass one float32")
+        elif device >= 0:
+            raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
+        elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise _invalid(f"scale: a {type(scale).__name__} is neither a float nor a tensor")
+    elif scale is not None:
+        raise _invalid(f"pattern {name} takes no scale")
+    writes = WRITES[code]
+    for i in range(5):
+        t = outs[i]
+        if t is None:
+            if i in REQUIRED[code]:
+                raise _invalid(f"out: {OUTPUTS[i]} is required by this pattern")
+            continue
+        if i not in writes:
+            raise _invalid(f"out: pattern {name} writes no {OUTPUTS[i]}")
+        if i < 3:
+            _check(t, _WHAT[i], shape, dtype, device)
+        elif i == 3:
+            _check_bytes(t, _WHAT[3], (tokens, hidden if code == 2 else hidden // 2),
+                         _FP8 if code == 2 else _FP4, device)
+        else:
+            _check_bytes(t, _WHAT[4], (nvfp4_scale_bytes(tokens, hidden),), _FP8, device)
+    return tokens
+
+
+def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bias, replicated,
+        stream) -> None:
+    """check(), then the C call on `stream` (a handle; None: torch's current
+    stream on this rank's device). The decision it took is the
+    communicator's last_decision."""
+    tokens = check(comm, code, x, residual, weight, scale, outs, eps, weight_bias, replicated)
+    if code < 2:
+        scale_at = 0
+    elif isinstance(scale, torch.Tensor):
+        scale_at = scale.data_ptr()
+    else:
+        comm._scale_value.value = scale
+        scale_at = comm._scale_address
+    if stream is None and comm.device >= 0:
+        stream = _current_stream(comm.device)
+    ar, res, norm, quant, sf = outs
+    if not comm._lock.acquire(blocking=False):
+        raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
+    try:
+        if not comm._handle_value:
+            raise _invalid("the communicator was closed")
+        _pack(comm._args, 0, code, comm._dtype_code, 0, tokens, comm.hidden,
+              _REPLICATED if replicated and code else 0, x.data_ptr(),
+              0 if ar is None else ar.data_ptr(),
+              0 if residual is None else residual.data_ptr(),
+              0 if res is None else res.data_ptr(),
+              0 if weight is None else weight.data_ptr(),
+              eps if code else 0.0, weight_bias if code else 0.0,
+              0 if norm is None else norm.data_ptr(),
+              0 if quant is None else quant.data_ptr(),
+              0 if sf is None else sf.data_ptr(), scale_at)
+        status = comm._fusion_call(comm._handle_value, comm._args_address, stream or None,
+                                   comm._decision_address)
+        if status:
+            _library.check(comm._lib, status)
+    finally:
+        comm._lock.release()
+
+
+_REPLICATED = _library.RUN_RESIDUAL_REPLICATED
+_pack = _library.ALLREDUCE_ARGS_LAYOUT.pack_into
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if _current_stream is None:  # a torch without it: the public, slower way
+    def _current_stream(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def borrow_tensor(t: torch.Tensor, what: str) -> Borrowed:
+    """A tensor as arrays.borrow() describes arrays, read directly."""
+    device = _device_of(t)
+    if device is None:
+        raise _invalid(f"{what}: the tensor is in {t.device.type} memory, neither host nor CUDA")
+    return Borrowed(t.data_ptr(), tuple(t.shape), element(t.dtype), t.element_size(), device,
+                    False, t.is_contiguous(), keep=t)

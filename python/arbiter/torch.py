@@ -1,0 +1,194 @@
+"""arbiter in PyTorch programs: the op torch.ops.arbiter.allreduce_fusion.
+
+Importing this module (torch must be installed) registers the op; a
+Communicator created while torch is imported does it for you. The op runs
+one fused all-reduce on the communicator named by its first argument,
+Communicator.op_handle, and writes only the outputs it declares mutated:
+
+    torch.ops.arbiter.allreduce_fusion(
+        comm.op_handle, pattern,                    # arbiter.Pattern as int
+        x, residual, weight,                        # inputs (residual, weight: None for allreduce)
+        allreduce_out, residual_out, norm_out,      # outputs, Tensor(a!)? ...
+        quant_out=None, scale_out=None, scale=None,
+        eps=1e-6, weight_bias=0.0, residual_replicated=False) -> ()
+
+In place as vLLM does it: norm_out=x, residual_out=residual. It runs on
+torch's current stream, so CUDA-graph capture records it, and its fake
+implementation checks shapes, dtypes and devices while torch.compile
+traces. It is registered with Library.define + impl (the dispatcher calls
+the Python implementation directly), not torch.library.custom_op, whose
+per-call wrapper costs more.
+
+Communicator.allreduce_fusion on torch tensors calls the same C API
+directly in eager mode, and this op when torch.compile traces it (or a
+torch dispatch mode is active, or x is a tensor subclass), so one model
+runs eager and compiled with fullgraph=True unchanged. The traced result's
+`decision` is None: the compiled graph runs later, deciding at each call by
+its size; Communicator.last_decision says what the latest call ran.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+import torch
+
+from . import _torch_tensors
+from .communicator import FusionResult, _stream_handle, nvfp4_scale_bytes
+from .errors import invalid_argument as _invalid
+from .policy import Pattern, parse_pattern
+
+__all__ = ["allreduce_fusion", "op"]
+
+_library = torch.library.Library("arbiter", "DEF")
+_library.define(
+    "allreduce_fusion(int comm, int pattern, Tensor x, Tensor? residual, Tensor? weight, "
+    "Tensor(a!)? allreduce_out, Tensor(b!)? residual_out, Tensor(c!)? norm_out, "
+    "Tensor(d!)? quant_out=None, Tensor(e!)? scale_out=None, Tensor? scale=None, "
+    "float eps=1e-06, float weight_bias=0., bool residual_replicated=False) -> ()"
+)
+
+# --- which communicator an op call names ------------------------------------
+
+_lock = threading.Lock()
+_communicators: dict[int, weakref.ref] = {}
+_handles = itertools.count(1)  # never reused: a compiled graph holds its handle
+
+
+def register(comm) -> int:
+    """A new handle for `comm` (held weakly)."""
+    with _lock:
+        handle = next(_handles)
+        _communicators[handle] = weakref.ref(comm)
+    return handle
+
+
+def unregister(handle: int) -> None:
+    with _lock:
+        _communicators.pop(handle, None)
+
+
+def communicator(handle: int):
+    ref = _communicators.get(handle)
+    comm = ref() if ref is not None else None
+    if comm is None:
+        raise _invalid(f"arbiter.allreduce_fusion: communicator {handle} was closed (or never "
+                       "existed); pass the op_handle of a live Communicator")
+    return comm
+
+
+def _code(pattern: int) -> int:
+    if not isinstance(pattern, int) or not 0 <= pattern <= 3:
+        raise _invalid(f"pattern {pattern!r}: pass int(arbiter.Pattern.X), 0..3")
+    return pattern
+
+
+# --- the op -----------------------------------------------------------------
+
+# The dispatcher hands a Python kernel the arguments as the caller gave
+# them: the schema's defaults are repeated here.
+def _impl(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_out,
+          quant_out=None, scale_out=None, scale=None, eps=1e-6, weight_bias=0.0,
+          residual_replicated=False):
+    _torch_tensors.run(communicator(comm), _code(pattern), x, residual, weight, scale,
+                       (allreduce_out, residual_out, norm_out, quant_out, scale_out), eps,
+                       weight_bias, residual_replicated, None)
+
+
+def _fake(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_out,
+          quant_out=None, scale_out=None, scale=None, eps=1e-6, weight_bias=0.0,
+          residual_replicated=False):
+    _torch_tensors.check(communicator(comm), _code(pattern), x, residual, weight, scale,
+                         (allreduce_out, residual_out, norm_out, quant_out, scale_out), eps,
+                         weight_bias, residual_replicated)
+
+
+for _key in ("CPU", "CUDA"):
+    _library.impl("allreduce_fusion", _impl, _key)
+torch.library.register_fake("arbiter::allreduce_fusion", _fake, lib=_library)
+
+op = torch.ops.arbiter.allreduce_fusion.default
+"""The op's overload, as vLLM-style code calls it."""
+
+
+# --- Communicator.allreduce_fusion on torch tensors -------------------------
+
+_PATTERNS = {p.name.lower(): int(p) for p in Pattern}
+_OUTPUTS = _torch_tensors.OUTPUTS
+_KEYS = frozenset(_OUTPUTS)
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_result = tuple.__new__
+
+
+def _outputs(code: int, x, out) -> list:
+    """The five outputs: those `out` names (a name set to None is not
+    written), then new tensors for what the pattern writes by default."""
+    if out:
+        if not _KEYS.issuperset(out):
+            raise _invalid(f"out: unknown keys {sorted(set(out) - _KEYS)}; use "
+                           f"{', '.join(_OUTPUTS)}")
+        get = out.get
+        outs = [get("allreduce_out"), get("residual_out"), get("norm_out"), get("quant_out"),
+                get("scale_out")]
+        for i in _torch_tensors.PRODUCED[code]:
+            if outs[i] is None and _OUTPUTS[i] not in out:
+                outs[i] = _new_output(code, i, x)
+        return outs
+    outs = [None, None, None, None, None]
+    for i in _torch_tensors.PRODUCED[code]:
+        outs[i] = _new_output(code, i, x)
+    return outs
+
+
+def _new_output(code: int, i: int, x):
+    if i < 3:
+        return torch.empty_like(x)
+    tokens, hidden = x.shape
+    if i == 3 and code == 2:  # FP8: the type the kernels write
+        return torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn, device=x.device)
+    if i == 3:  # NVFP4: two e2m1 values per byte
+        return torch.empty((tokens, hidden // 2), dtype=torch.uint8, device=x.device)
+    return torch.empty((nvfp4_scale_bytes(tokens, hidden),), dtype=torch.uint8,
+                       device=x.device)
+
+
+def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
+         residual_replicated):
+    """Communicator.allreduce_fusion on torch tensors (its arguments, in its
+    order): outputs not in `out` are new tensors on x's device (FP8
+    quant_out as float8_e4m3fn, NVFP4's as uint8)."""
+    if pattern is None:
+        code = 0 if residual is None else 1
+    elif type(pattern) is str and pattern in _PATTERNS:
+        code = _PATTERNS[pattern]
+    else:
+        code = int(parse_pattern(pattern))
+    outs = _outputs(code, x, out)
+    if _is_compiling() or type(x) is not _Tensor or _modes():
+        if stream is not None:
+            raise _invalid("stream: traced by torch.compile (or under a torch dispatch mode) "
+                           "the call runs on torch's current stream; instead of stream=, wrap "
+                           "the call in `with torch.cuda.stream(s):`")
+        if scale is not None and not isinstance(scale, _Tensor):
+            scale = torch.full((1,), float(scale), dtype=torch.float32, device=x.device)
+        op(comm._op_handle, code, x, residual, weight, outs[0], outs[1], outs[2], outs[3],
+           outs[4], scale, eps, weight_bias, residual_replicated)
+        return FusionResult(None, *outs)
+    if stream is not None:
+        if comm.device < 0:
+            raise _invalid("stream: this communicator runs on host memory; pass no stream")
+        stream = _stream_handle(stream)
+    _torch_tensors.run(comm, code, x, residual, weight, scale, outs, eps, weight_bias,
+                       residual_replicated, stream)
+    return _result(FusionResult, (comm.last_decision, *outs))
+
+
+def allreduce_fusion(comm, x, residual=None, weight=None, *, eps=1e-6, pattern=None, out=None,
+                     stream=None, scale=None, weight_bias=0.0, residual_replicated=False):
+    """comm.allreduce_fusion(...) for torch tensors, as a function."""
+    return call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
+                residual_replicated)
