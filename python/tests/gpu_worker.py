@@ -1,31 +1,41 @@
 """One rank of test_gpu.py's two-rank test, under `arbiter launch`: torch CUDA
-tensors through Communicator.from_environment on GPU LOCAL_RANK, or GPU 0 in
-the shared-GPU test mode. Checks each call against torch, writes its outputs
-(raw bytes) into the folder given, and prints "rank R: OK"."""
+tensors through Communicator.from_environment (argument "environment") or
+Communicator.from_process_group over a gloo group (argument "group") on GPU
+LOCAL_RANK, or GPU 0 in the shared-GPU test mode. Checks each call against
+torch, writes its outputs (raw bytes) into the folder given, and prints
+"rank R: OK"."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 
 import torch
+import torch.distributed as dist
 
 import arbiter
 
 HIDDEN = 4096
 
 
-def main(folder: str) -> int:
+def main(folder: str, bootstrap: str) -> int:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     shared = os.environ.get("ARBITER_TEST_SHARED_GPU") == "1"
     device = 0 if shared else int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(device)
     capability = torch.cuda.get_device_capability(device)
-    comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="bf16",
-                                                 capability=capability, device=device,
-                                                 max_tokens=1024, timeout=120)
-    stream = torch.cuda.current_stream()
+    if bootstrap == "group":
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+        comm = arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16",
+                                                       device=device, max_tokens=1024)
+        stream = None  # torch's current stream
+    else:
+        comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="bf16",
+                                                     capability=capability, device=device,
+                                                     max_tokens=1024, timeout=120)
+        stream = torch.cuda.current_stream()
     failures = 0
     for tokens in (1, 7, 128):
         g = torch.Generator(device="cuda").manual_seed(tokens)
@@ -35,7 +45,7 @@ def main(folder: str) -> int:
         weight = (1 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=g)).bfloat16()
         out = {"residual_out": torch.empty_like(residual), "norm_out": torch.empty_like(residual)}
         r = comm.allreduce_fusion(xs[rank], residual, weight, eps=1e-6, out=out, stream=stream)
-        stream.synchronize()
+        torch.cuda.current_stream().synchronize()
         # The kernels sum in fp32 in rank order, from +0.0, and round once.
         total = sum((x.float() for x in xs), torch.zeros_like(xs[0], dtype=torch.float32))
         residual_ref = (total.bfloat16().float() + residual.float()).bfloat16()
@@ -52,10 +62,12 @@ def main(folder: str) -> int:
             with open(os.path.join(folder, f"rank{rank}-{tokens}-{name}"), "wb") as f:
                 f.write(tensor.cpu().view(torch.uint8).numpy().tobytes())
     comm.close()
+    if bootstrap == "group":
+        dist.destroy_process_group()
     if failures == 0:
         print(f"rank {rank}: OK", flush=True)
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "environment"))

@@ -1,7 +1,10 @@
 """arbiter.Communicator on CUDA tensors (torch), where a GPU and torch are present:
 one rank with default options (the nccl fallback runs the norm), in place as
-vLLM calls it, under CUDA-graph capture, and two ranks on one GPU through the
-shared-GPU test mode (trtllm fused), checked against torch and across ranks.
+vLLM calls it, on torch's current stream when no stream is named, under
+CUDA-graph capture (eager and through the op), compiled by torch.compile
+(inductor, and with CUDA graphs), and two ranks on one GPU through the
+shared-GPU test mode (trtllm fused; created from the launcher's environment
+and from a gloo group), checked against torch and across ranks.
 
 Skips everything, with the reason, without torch or a CUDA device (the line
 starts with "arbiter-gpu-skip:" so that ctest reports the test as skipped).
@@ -112,6 +115,108 @@ def test_a_captured_call_replays_on_new_inputs(comm):
         assert_norm_close(out["norm_out"], norm_ref)
 
 
+def test_without_a_stream_the_call_runs_on_torchs_current_stream(comm):
+    x, residual, weight = inputs(32, seed=5)
+    new_x, _, _ = inputs(32, seed=6)
+    residual_ref, norm_ref = torch_reference(new_x, residual, weight, 1e-6)
+    out = {"residual_out": torch.empty_like(x), "norm_out": torch.empty_like(x)}
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # holds the side stream back ~50-100 ms
+        x.copy_(new_x)  # so only a call queued behind it sees the new values
+        r = comm.allreduce_fusion(x, residual, weight, out=out)
+    side.synchronize()
+    assert r.decision.backend == "nccl"
+    assert torch.equal(out["residual_out"], residual_ref)
+    assert_norm_close(out["norm_out"], norm_ref)
+
+
+@pytest.mark.parametrize("how", ["eager", "op"])
+def test_capture_without_a_stream_replays_on_new_inputs(comm, how):
+    x, residual, weight = inputs(16, seed=7)
+    out = {"residual_out": torch.empty_like(x), "norm_out": torch.empty_like(x)}
+
+    def call():
+        if how == "eager":
+            comm.allreduce_fusion(x, residual, weight, out=out)
+        else:
+            torch.ops.arbiter.allreduce_fusion(comm.op_handle, 1, x, residual, weight, None,
+                                               out["residual_out"], out["norm_out"])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # once eagerly: NCCL connects on first use
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for seed in (8, 9):
+        nx, nresidual, _ = inputs(16, seed=seed)
+        x.copy_(nx)
+        residual.copy_(nresidual)
+        graph.replay()
+        torch.cuda.synchronize()
+        residual_ref, norm_ref = torch_reference(x, residual, weight, 1e-6)
+        assert torch.equal(out["residual_out"], residual_ref)
+        assert_norm_close(out["norm_out"], norm_ref)
+
+
+class Block(torch.nn.Module):
+    """A layer's tail: a projection, then arbiter in place as vLLM calls it."""
+
+    def __init__(self, comm) -> None:
+        super().__init__()
+        self.comm = comm
+        g = torch.Generator(device="cuda").manual_seed(11)
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN, bias=False, device="cuda",
+                                    dtype=torch.bfloat16)
+        self.proj.weight.data = (torch.randn(HIDDEN, HIDDEN, device="cuda", generator=g)
+                                 / 64).bfloat16()
+        self.norm_weight = torch.nn.Parameter((1 + 0.1 * torch.randn(
+            HIDDEN, device="cuda", generator=g)).bfloat16())
+
+    def forward(self, x, residual):
+        # The norm over h in place; the residual into a new tensor, so that
+        # no graph input is mutated and inductor may replay CUDA graphs.
+        h = self.proj(x)
+        r = self.comm.allreduce_fusion(h, residual, self.norm_weight, eps=1e-5,
+                                       out={"norm_out": h})
+        return h, r.residual_out
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_torch_compile_on_cuda_matches_eager(comm, mode):
+    from torch._dynamo.utils import counters
+
+    block = Block(comm)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(block, fullgraph=True, mode=mode)
+    for step in range(4):  # reduce-overhead: records CUDA graphs, then replays them
+        x, residual, _ = inputs(8, seed=20 + step)
+        with torch.no_grad():
+            want = [t.clone() for t in block(x, residual)]
+            got = [t.clone() for t in compiled(x, residual)]
+        torch.cuda.synchronize()
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), step
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert comm.last_decision.backend == "nccl"
+
+
+def test_other_float8_formats_are_refused_on_cuda(comm):
+    x, residual, weight = inputs(2)
+    scale = torch.ones(1, device="cuda")
+    for wrong in (torch.float8_e5m2, torch.float8_e4m3fnuz):
+        out = {"residual_out": torch.empty_like(x),
+               "quant_out": torch.empty(2, HIDDEN, dtype=wrong, device="cuda")}
+        with pytest.raises(arbiter.ArbiterError, match="the kernels write float8 e4m3fn"):
+            comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp8",
+                                  scale=scale, out=out)
+
+
 def test_host_tensors_and_wrong_shapes_are_refused(comm):
     x, residual, weight = inputs(2)
     out = {"residual_out": torch.empty_like(x), "norm_out": torch.empty_like(x)}
@@ -134,7 +239,8 @@ def test_nvfp4_is_refused_below_capability_10(comm):
                               out=out)
 
 
-def test_two_ranks_share_one_gpu_through_the_test_mode(tmp_path):
+@pytest.mark.parametrize("bootstrap", ["environment", "group"])
+def test_two_ranks_share_one_gpu_through_the_test_mode(tmp_path, bootstrap):
     arbiter_bin = os.environ.get("ARBITER_BIN", "arbiter")
     env = dict(os.environ)
     env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
@@ -143,7 +249,7 @@ def test_two_ranks_share_one_gpu_through_the_test_mode(tmp_path):
     env.pop("ARBITER_CONFIG", None)
     env.pop("ARBITER_BACKENDS", None)
     cmd = [arbiter_bin, "launch", "--nproc", "2", "--timeout", "300", "--", sys.executable,
-           WORKER, str(tmp_path)]
+           WORKER, str(tmp_path), bootstrap]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=360)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log

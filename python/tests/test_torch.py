@@ -1,0 +1,286 @@
+"""arbiter with torch on one CPU rank: torch tensors read directly, outputs
+made as torch tensors, float8 outputs only in the format the kernels write,
+the op torch.ops.arbiter.allreduce_fusion (eager, its fake implementation,
+torch.compile with fullgraph=True, in place as vLLM calls it), and clear
+refusals (a ProcessGroup as the oob, mixed arrays, a closed communicator).
+
+The fast path's results against DLPack's and numpy's at every dtype,
+pattern and size, and the gloo group, are in test_torch_ranks.py (2 ranks).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+import arbiter
+
+torch = pytest.importorskip("torch")
+
+HIDDEN = 64
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class SoloGroup:
+    def allgather(self, data: bytes) -> list[bytes]:
+        return [data]
+
+
+class DlpackOnly:
+    def __init__(self, tensor) -> None:
+        self._tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self._tensor.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
+@pytest.fixture()
+def comm():
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN,
+                              dtype="bf16") as c:
+        yield c
+
+
+def inputs(tokens=3, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+    residual = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+    weight = (1 + 0.1 * torch.randn(HIDDEN, generator=g)).to(dtype)
+    return x, residual, weight
+
+
+def reference(x, residual, weight, eps=1e-6):
+    """residual_out exactly; norm_out in fp32 (the kernels round it once)."""
+    residual_out = (x.float() + residual.float()).to(x.dtype)
+    return residual_out, torch.nn.functional.rms_norm(residual_out.float(), (x.shape[1],),
+                                                      weight.float(), eps)
+
+
+def assert_norm(got, want):
+    ulp = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-22}[got.dtype]
+    error = (got.float() - want).abs()
+    assert bool((error <= ulp * want.abs() + 1e-6).all()), float(error.max())
+
+
+@pytest.mark.parametrize("dtype", sorted(TORCH_DTYPES))
+def test_torch_tensors_in_torch_tensors_out(dtype):
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN,
+                              dtype=dtype) as comm:
+        x, residual, weight = inputs(dtype=TORCH_DTYPES[dtype])
+        r = comm.allreduce_fusion(x, residual, weight)
+        assert isinstance(r.norm_out, torch.Tensor) and r.norm_out.dtype == x.dtype
+        assert r.decision == comm.last_decision and r.decision.backend == "shm"
+        residual_ref, norm_ref = reference(x, residual, weight)
+        assert torch.equal(r.residual_out, residual_ref)
+        assert_norm(r.norm_out, norm_ref)
+        plain = comm.allreduce_fusion(x)
+        assert torch.equal(plain.allreduce_out, x) and plain.norm_out is None
+
+
+def test_in_place_as_vllm_calls_it_eager_and_through_the_op(comm):
+    for how in ("eager", "op"):
+        x, residual, weight = inputs(seed=1)
+        residual_ref, norm_ref = reference(x, residual, weight, 1e-5)
+        if how == "eager":
+            r = comm.allreduce_fusion(x, residual, weight, eps=1e-5,
+                                      out={"norm_out": x, "residual_out": residual})
+            assert r.norm_out is x and r.residual_out is residual
+        else:
+            assert torch.ops.arbiter.allreduce_fusion(
+                comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM), x, residual, weight,
+                None, residual, x, eps=1e-5) is None
+        assert torch.equal(residual, residual_ref), how
+        assert_norm(x, norm_ref)
+
+
+def test_fp8_output_is_e4m3fn_and_other_float8_formats_are_refused(comm):
+    x, residual, weight = inputs()
+    r = comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp8", scale=0.5)
+    assert r.quant_out.dtype == torch.float8_e4m3fn
+    raw = torch.empty(3, HIDDEN, dtype=torch.uint8)
+    comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp8", scale=0.5,
+                          out={"quant_out": raw})
+    assert torch.equal(r.quant_out.view(torch.uint8), raw)
+    # What the kernels wrote, read as e4m3fn, is the norm divided by the scale.
+    _, norm_ref = reference(x, residual, weight)
+    assert torch.allclose(r.quant_out.float() * 0.5, norm_ref, rtol=2.0**-3, atol=2.0**-9)
+    for wrong in (torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        for how, quant in (("torch", torch.empty(3, HIDDEN, dtype=wrong)),
+                           ("dlpack", None)):
+            if how == "dlpack":
+                quant = DlpackOnly(torch.empty(3, HIDDEN, dtype=wrong))
+                args = [DlpackOnly(t) for t in (x, residual, weight)]
+            else:
+                args = [x, residual, weight]
+            with pytest.raises(arbiter.ArbiterError, match="the kernels write float8 e4m3fn"):
+                comm.allreduce_fusion(*args, pattern="residual_rmsnorm_fp8", scale=0.5,
+                                      out={"quant_out": quant})
+
+
+def test_nvfp4_outputs_are_made_and_refused_by_shm_with_the_reason(comm):
+    x, residual, weight = inputs()
+    with pytest.raises(arbiter.ArbiterError, match="shm: does not run residual_rmsnorm_fp4"):
+        comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp4", scale=1.0)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(x=a["x"].float()), "x: element type fp32, expected bf16"),
+        (lambda a: a.update(x=a["x"][:, :32]), "x: hidden 32; the communicator was created"),
+        (lambda a: a.update(x=a["x"].t().contiguous().t()), "x: the tensor is not C-contiguous"),
+        (lambda a: a.update(residual=a["residual"].t().contiguous()),
+         "residual: shape (64, 3), expected (3, 64)"),
+        (lambda a: a.update(weight=a["weight"][:32]), "weight: shape (32,), expected (64,)"),
+        (lambda a: a.update(x=a["x"].to("meta")), "x: the tensor is in meta memory"),
+        (lambda a: a.update(out={"norm_out": a["x"].view(torch.int16).numpy()}),
+         "out['norm_out']: a ndarray; the other arguments are torch tensors"),
+        (lambda a: a.update(out={"sum": a["x"]}), "out: unknown keys ['sum']"),
+        (lambda a: a.update(out={"norm_out": None}), "out: norm_out is required"),
+        (lambda a: a.update(stream=7), "stream: this communicator runs on host memory"),
+        (lambda a: a.update(eps=float("nan")), "eps nan must be finite"),
+        (lambda a: a.update(pattern="softmax"), "unknown pattern 'softmax'"),
+        (lambda a: a.update(scale=1.0), "pattern residual_rmsnorm takes no scale"),
+        (lambda a: a.update(residual_replicated="yes"), "must be True or False"),
+    ],
+)
+def test_bad_calls_say_what_is_wrong(comm, change, message):
+    x, residual, weight = inputs()
+    args = {"x": x, "residual": residual, "weight": weight}
+    change(args)
+    with pytest.raises(arbiter.ArbiterError, match=message.replace("(", r"\(").replace(
+            ")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        comm.allreduce_fusion(**args)
+
+
+def test_the_op_refuses_a_closed_communicator_and_a_bad_pattern():
+    comm = arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN, dtype="bf16")
+    handle = comm.op_handle
+    x, residual, weight = inputs()
+    with pytest.raises(arbiter.ArbiterError, match="pattern 7: pass int"):
+        torch.ops.arbiter.allreduce_fusion(handle, 7, x, residual, weight, None, residual, x)
+    comm.close()
+    with pytest.raises(arbiter.ArbiterError, match=f"communicator {handle} was closed"):
+        torch.ops.arbiter.allreduce_fusion(handle, 1, x, residual, weight, None, residual, x)
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN,
+                              dtype="bf16") as other:
+        assert other.op_handle != handle  # handles are never reused
+
+
+def test_a_process_group_as_the_oob_points_to_from_process_group():
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed")
+    store = dist.HashStore()
+    for group in (dist.ProcessGroup(store, 0, 1),
+                  dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=5))):
+        with pytest.raises(arbiter.ArbiterError, match="Communicator.from_process_group"):
+            arbiter.Communicator(group, rank=0, world_size=1, hidden=HIDDEN, dtype="bf16")
+    with pytest.raises(arbiter.ArbiterError, match="torch.distributed is not initialised"):
+        arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16")
+
+
+class Block(torch.nn.Module):
+    """A layer's tail as a tensor-parallel model writes it: a projection whose
+    partial sums arbiter adds across ranks, with the residual and the norm."""
+
+    def __init__(self, comm, through_op=False) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.comm, self.through_op = comm, through_op
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN, bias=False, dtype=torch.bfloat16)
+        self.proj.weight.data = (torch.randn(HIDDEN, HIDDEN, generator=g) / 8).bfloat16()
+        self.norm_weight = torch.nn.Parameter((1 + 0.1 * torch.randn(HIDDEN, generator=g))
+                                              .bfloat16())
+
+    def forward(self, x, residual):
+        h = self.proj(x)
+        if self.through_op:
+            torch.ops.arbiter.allreduce_fusion(self.comm.op_handle, 1, h, residual,
+                                               self.norm_weight, None, residual, h, eps=1e-5)
+        else:
+            r = self.comm.allreduce_fusion(h, residual, self.norm_weight, eps=1e-5,
+                                           out={"norm_out": h, "residual_out": residual})
+            assert r.decision is None or r.decision.backend == "shm"
+        quant = self.comm.allreduce_fusion(h, residual, self.norm_weight,
+                                           pattern="residual_rmsnorm_fp8", scale=0.25)
+        return h * 2, quant.quant_out
+
+
+def run_block(block, x, residual):
+    residual = residual.clone()
+    with torch.no_grad():
+        out, quant = block(x, residual)
+    return out, quant.view(torch.uint8), residual
+
+
+@pytest.mark.parametrize("through_op", [False, True])
+def test_torch_compile_fullgraph_traces_the_op_and_matches_eager(comm, through_op):
+    block = Block(comm, through_op)
+    x, residual, _ = inputs(tokens=5, seed=4)
+    eager = run_block(block, x, residual)
+    graphs = []
+
+    def record(gm, example_inputs):  # the graph dynamo hands a backend
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    traced = run_block(torch.compile(block, fullgraph=True, backend=record), x, residual)
+    calls = [n for n in graphs[0].graph.nodes
+             if n.op == "call_function" and "arbiter.allreduce_fusion" in str(n.target)]
+    assert len(graphs) == 1 and len(calls) == 2, graphs[0].code
+    # The traced call names the communicator by its handle, not a stale decision.
+    assert calls[0].args[0] == comm.op_handle
+    for got, want in zip(traced, eager):
+        assert torch.equal(got, want)
+    assert comm.last_decision.backend == "shm"
+
+
+def test_torch_compile_with_inductor_matches_eager(comm):
+    """The default backend: functionalised, then re-inplaced, then generated code."""
+    block = Block(comm)
+    x, residual, _ = inputs(tokens=5, seed=5)
+    eager = run_block(block, x, residual)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    for tokens in (5, 5, 2):  # the second call reuses the graph; 2 tokens another size
+        x, residual, _ = inputs(tokens=tokens, seed=5)
+        want = eager if tokens == 5 else run_block(block, x, residual)
+        for got, expected in zip(run_block(compiled, x, residual), want):
+            assert torch.equal(got, expected)
+
+
+def test_the_fake_implementation_refuses_bad_shapes_while_tracing(comm):
+    def model(x, residual, weight):
+        return comm.allreduce_fusion(x, residual, weight).norm_out
+
+    torch._dynamo.reset()
+    x, residual, weight = inputs()
+    with pytest.raises(Exception, match="weight: shape \\(32,\\), expected \\(64,\\)"):
+        torch.compile(model, fullgraph=True, backend="eager")(x, residual, weight[:32])
+
+
+def test_a_dispatch_mode_sees_the_op(comm):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, residual, weight = inputs()
+    with Seen() as mode:
+        r = comm.allreduce_fusion(x, residual, weight)
+    assert "arbiter.allreduce_fusion.default" in mode.ops
+    residual_ref, _ = reference(x, residual, weight)
+    assert r.decision is None and torch.equal(r.residual_out, residual_ref)

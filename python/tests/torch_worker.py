@@ -1,0 +1,176 @@
+"""One rank of the torch tests that need several processes, started by
+test_torch_ranks.py under `arbiter launch --nproc N -- python3 torch_worker.py
+SCENARIO OUTDIR`. Leaves what the test compares across ranks in OUTDIR, as
+comm_worker.py does (rank<r>.npz: inputs and outputs as numpy bits;
+rank<r>.json: decisions), and exits non-zero with the reason on a failed
+expectation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import arbiter
+from comm_worker import DTYPES, FP8_SCALE, HIDDEN, MAX_TOKENS, DlpackOnly, fail, make, save
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+PATTERNS = ("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8")
+
+
+def to_torch(bits: np.ndarray, dtype: str) -> torch.Tensor:
+    """comm_worker's arrays (bf16 as uint16 bits) as torch tensors of the same bits."""
+    if dtype == "bf16":
+        return torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(bits.copy())
+
+
+def to_bits(t: torch.Tensor) -> np.ndarray:
+    """A tensor as the numpy array comm_worker would have (bf16 as uint16, float8 as uint8)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16).copy()
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy().copy()
+    return t.numpy().copy()
+
+
+def same_bits(a, b) -> bool:
+    a = a if isinstance(a, np.ndarray) else to_bits(a)
+    b = b if isinstance(b, np.ndarray) else to_bits(b)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def paths_agree(comm, dtype: str, record: dict, saved: dict, cases) -> None:
+    """Every pattern and size through four ways in: torch tensors (the fast
+    path), the op, the same tensors offered through DLPack only, numpy
+    arrays of the same bits. All four must write the same bits."""
+    case = 0
+    weight = make(99, 99, (HIDDEN,), dtype, 0.5, 1.5)
+    for pattern in PATTERNS:
+        for tokens in cases:
+            case += 1
+            key = f"{dtype}-{pattern}-{tokens}"
+            arrays = [make(comm.rank, case, (tokens, HIDDEN), dtype)]
+            if pattern != "allreduce":
+                arrays += [make(77, case, (tokens, HIDDEN), dtype), weight]
+                saved[key + "/residual"] = arrays[1]
+            saved[key + "/x"] = arrays[0]
+            kwargs = {"pattern": pattern}
+            if pattern != "allreduce":
+                kwargs["eps"] = 1e-5
+            if pattern == "residual_rmsnorm_fp8":
+                kwargs["scale"] = FP8_SCALE
+            tensors = [to_torch(a, dtype) for a in arrays]
+            fast = comm.allreduce_fusion(*tensors, **kwargs)
+            names = [n for n in ("allreduce_out", "residual_out", "norm_out", "quant_out")
+                     if getattr(fast, n) is not None]
+            if pattern == "residual_rmsnorm_fp8" and fast.quant_out.dtype != torch.float8_e4m3fn:
+                fail(f"{key}: the default FP8 quant_out is {fast.quant_out.dtype}")
+            outs = {n: torch.empty_like(getattr(fast, n)) for n in names}
+            if "quant_out" in outs:  # raw bytes this time
+                outs["quant_out"] = torch.empty(tokens, HIDDEN, dtype=torch.uint8)
+            dlpack = comm.allreduce_fusion(*map(DlpackOnly, tensors), **kwargs,
+                                           out={n: DlpackOnly(t) for n, t in outs.items()})
+            through_dlpack = dict(outs)
+            outs = {n: torch.empty_like(getattr(fast, n)) for n in names}
+            op_args = dict(outs)
+            scale = torch.tensor([FP8_SCALE]) if "scale" in kwargs else None
+            torch.ops.arbiter.allreduce_fusion(
+                comm.op_handle, int(arbiter.parse_pattern(pattern)), tensors[0],
+                *(tensors[1:] if len(tensors) > 1 else (None, None)),
+                op_args.get("allreduce_out"), op_args.get("residual_out"),
+                op_args.get("norm_out"), op_args.get("quant_out"), scale=scale,
+                eps=kwargs.get("eps", 1e-6))
+            through_op = dict(outs)
+            numpy_out = comm.allreduce_fusion(*arrays, **kwargs, out={
+                n: np.empty_like(to_bits(getattr(fast, n))) for n in names})
+            for n in names:
+                want = getattr(fast, n)
+                for how, got in (("dlpack", through_dlpack[n]), ("op", through_op[n]),
+                                 ("numpy", getattr(numpy_out, n))):
+                    if not same_bits(got, want):
+                        fail(f"{key}: {n} through {how} differs from the torch fast path")
+                saved[f"{key}/{n}"] = to_bits(want)
+            d = fast.decision
+            if dlpack.decision != d or numpy_out.decision != d:
+                fail(f"{key}: the paths took different decisions")
+            record[key] = [d.backend, d.algorithm, d.fused]
+
+
+def scenario_paths(outdir: str) -> None:
+    record, saved = {}, {}
+    for dtype in DTYPES:
+        with arbiter.Communicator.from_environment(
+            hidden=HIDDEN, dtype=dtype, max_tokens=MAX_TOKENS, timeout=60
+        ) as comm:
+            record["world_size"] = comm.world_size
+            paths_agree(comm, dtype, record, saved, (2, 96, 300))
+    save(outdir, record, saved)
+
+
+def init_gloo(timeout: float) -> None:
+    """torch.distributed over `arbiter launch`'s RANK, WORLD_SIZE, MASTER_ADDR
+    and MASTER_PORT (nothing else listens there: arbiter's own bootstrap is
+    not used when the group carries the exchange)."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+
+
+def scenario_group(outdir: str) -> None:
+    """A gloo group carries the creation; the shm backend runs the calls."""
+    init_gloo(timeout=600)
+    record, saved = {}, {}
+    # As vLLM's cpu_group, with a timeout of its own.
+    cpu_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=45))
+    with arbiter.Communicator.from_process_group(
+        cpu_group, hidden=HIDDEN, dtype="bf16", max_tokens=MAX_TOKENS
+    ) as comm:
+        if (comm.rank, comm.world_size) != (dist.get_rank(), dist.get_world_size()):
+            fail("the communicator's rank and size are not the group's")
+        if comm._options.timeout_ms != 45000:
+            fail(f"timeout {comm._options.timeout_ms} ms, the group's is 45 s")
+        if comm.backends != ["shm"]:
+            fail(f"backends {comm.backends}, expected ['shm']")
+        record["world_size"] = comm.world_size
+        paths_agree(comm, "bf16", record, saved, (2, 96))
+    save(outdir, record, saved)
+    dist.destroy_process_group()
+
+
+def scenario_group_timeout(outdir: str) -> None:
+    """The group's timeout bounds the calls: rank 1 never calls; rank 0's
+    call fails after the group's 3 s, naming rank 1."""
+    init_gloo(timeout=3)
+    flag = os.path.join(outdir, "rank0-done")
+    with arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16") as comm:
+        x = torch.ones(1, HIDDEN, dtype=torch.bfloat16)
+        if comm.rank == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("rank 1: stayed out of the call", flush=True)
+            return
+        started = time.monotonic()
+        try:
+            comm.allreduce_fusion(x)
+            fail("rank 0's call succeeded without rank 1")
+        except arbiter.ArbiterError as e:
+            elapsed = time.monotonic() - started
+            print(f"rank 0: {e.status.name} after {elapsed:.2f} s: {e.message}", flush=True)
+            if e.status != arbiter.Status.TIMEOUT or "rank 1" not in e.message:
+                fail(f"expected a TIMEOUT naming rank 1, got {e!r}")
+            if not 2 < elapsed < 8:
+                fail(f"the group's timeout is 3 s, the call took {elapsed:.2f} s")
+        finally:
+            open(flag, "w").close()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    scenario, outdir = sys.argv[1], sys.argv[2]
+    globals()["scenario_" + scenario](outdir)
