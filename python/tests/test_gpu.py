@@ -261,3 +261,20 @@ def test_two_ranks_share_one_gpu_through_the_test_mode(tmp_path, bootstrap):
         if name.startswith("rank0-"):
             other = tmp_path / name.replace("rank0-", "rank1-")
             assert (tmp_path / name).read_bytes() == other.read_bytes(), name
+
+
+def test_the_cuda_graph_example_of_the_docs_runs(tmp_path):
+    """docs/integration.md's block marked `<!-- test: cuda -->`, on one rank."""
+    sys.path.insert(0, HERE)
+    from test_torch_docs import doc_program
+
+    program = tmp_path / "cuda_graphs.py"
+    program.write_text(doc_program("cuda"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [os.environ.get("ARBITER_BIN", "arbiter"), "launch", "--nproc", "1", "--timeout",
+           "300", "--", sys.executable, str(program)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=360)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
+    assert "Decision(backend='nccl'" in log, log
