@@ -6,9 +6,11 @@
 # Python and the `arbiter` program read the same ARBITER_CONFIG layer (equal
 # fingerprints and decisions), runs a fused all-reduce on 2 ranks from the
 # installed Python package, and runs the Python binding's tests against the
-# installed library. Reuses ${BUILD_DIR:-build}, configuring and building it
-# when needed. PYTHON selects the interpreter (default /usr/bin/python3, with
-# python3-pytest from scripts/setup.sh).
+# installed library, then the PyTorch tests with the torch venv of
+# scripts/setup.sh (ARBITER_TORCH_VENV, default /opt/arbiter-torch;
+# ARBITER_TORCH=0 skips them). Reuses ${BUILD_DIR:-build}, configuring and
+# building it when needed. PYTHON selects the interpreter (default
+# /usr/bin/python3, with python3-pytest from scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
@@ -149,4 +151,13 @@ PYTHONPATH="$prefix/$pydir" "$arbiter" launch --nproc 2 --timeout 120 -- "$pytho
 step "Python tests against the installed library"
 ARBITER_LIBRARY="$prefix/$libdir" ARBITER_BIN="$arbiter" PYTHONPATH="$src/python" \
   "$python" -m pytest -q -p no:cacheprovider python/tests
+
+if [ "${ARBITER_TORCH:-1}" != 0 ]; then
+  torch_python=${ARBITER_TORCH_VENV:-/opt/arbiter-torch}/bin/python
+  torch_version=$("$torch_python" -c 'import torch; print(torch.__version__)' 2> /dev/null) ||
+    die "no torch in $torch_python (scripts/setup.sh installs it; ARBITER_TORCH=0 skips)"
+  step "PyTorch tests (torch $torch_version) against the installed library"
+  ARBITER_LIBRARY="$prefix/$libdir" ARBITER_BIN="$arbiter" PYTHONPATH="$src/python" \
+    "$torch_python" -m pytest -q -p no:cacheprovider python/tests/test_torch*.py
+fi
 step "passed"
