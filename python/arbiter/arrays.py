@@ -2,10 +2,12 @@
 a device, and whether they may be written.
 
 Three ways in, tried in this order:
-  1. torch tensors, read directly (pointer, shape, dtype, device, strides:
-     _torch_tensors.py), without a DLPack export.
-  2. The buffer protocol (numpy arrays, array.array, bytearray, memoryview):
-     host memory, with the producer's read-only flag, format and strides.
+  1. numpy arrays and torch tensors, read through their own attributes
+     (torch: _torch_tensors.py): pointer, shape, element type, device,
+     contiguity, numpy's read-only flag; no DLPack export, no Py_buffer.
+  2. The buffer protocol (array.array, bytearray, memoryview, other
+     exporters): host memory, with the producer's read-only flag, format
+     and strides.
   3. DLPack (`__dlpack__` / `__dlpack_device__`: cupy, jax, ...): host or
      CUDA memory. A CUDA producer is given the caller's stream, so its
      pending work is ordered before ours, as the protocol asks (stream None:
@@ -208,6 +210,30 @@ def _from_buffer(obj: object) -> Borrowed | None:
         raise
 
 
+_numpy_elements: dict = {}  # numpy dtype.str ("<f2") -> element name
+_address_of = ctypes.addressof
+_char_at = ctypes.c_char.from_buffer
+
+
+def _from_numpy(a) -> Borrowed:
+    """A numpy array read through its attributes: what the buffer protocol
+    says, for a fraction of the cost of asking it through ctypes."""
+    kind = a.dtype.str
+    element = _numpy_elements.get(kind)
+    if element is None:
+        fmt = a.dtype.char if kind[0] in "=|" or (kind[0] == "<") == (
+            sys.byteorder == "little") else kind
+        element = _numpy_elements[kind] = _FORMATS.get(fmt, f"format '{kind}'")
+    flags = a.flags
+    writable, contiguous = flags.writeable, flags.c_contiguous
+    # A writable dense buffer's address without a dict or a ctypes helper
+    # object; the c_char holds the buffer (and the array) until released.
+    keep = _char_at(a) if writable and contiguous and a.nbytes else a
+    address = _address_of(keep) if keep is not a else a.ctypes.data
+    return Borrowed(address, a.shape, element, a.itemsize, -1, not writable, contiguous,
+                    keep=keep)
+
+
 def _from_dlpack(obj: object, what: str, stream: int | None) -> Borrowed:
     device_type, device_id = obj.__dlpack_device__()
     if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
@@ -244,6 +270,9 @@ def _from_dlpack(obj: object, what: str, stream: int | None) -> Borrowed:
 def borrow(obj: object, what: str, stream: int | None = None) -> Borrowed:
     """The array behind obj, for the duration of a call (release() it after).
     Raises ArbiterError naming `what` when obj is not an array."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and type(obj) is numpy.ndarray:
+        return _from_numpy(obj)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         from ._torch_tensors import borrow_tensor

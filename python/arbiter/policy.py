@@ -81,12 +81,15 @@ def parse_capability(value: Capability) -> int:
     return code
 
 
+_BY_NAME = {kind: {m.name.lower(): m for m in kind} for kind in (Dtype, Pattern)}
+
+
 def _parse_name(enum_type: type[enum.IntEnum], value: object, what: str) -> enum.IntEnum:
     if isinstance(value, enum_type):
         return value
-    names = [m.name.lower() for m in enum_type]
+    names = _BY_NAME[enum_type]
     if isinstance(value, str) and value in names:
-        return enum_type[value.upper()]
+        return names[value]
     raise _invalid(f"unknown {what} '{value}'; known: {', '.join(names)}")
 
 

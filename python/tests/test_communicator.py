@@ -301,3 +301,23 @@ def test_the_example_on_cuda_says_what_is_missing(arbiter_bin, tmp_path):
         return
     assert "Traceback" not in log, log
     assert ("--device cuda needs torch" in log or "torch sees no CUDA device" in log), log
+
+
+def test_numpy_arrays_and_buffer_protocol_views_give_the_same_bits():
+    """numpy arrays are read through their attributes; memoryviews (and
+    array.array, ...) through the buffer protocol: the same call, the same bits."""
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp16") as comm:
+        rng = np.random.default_rng(9)
+        x, residual = (rng.standard_normal((4, 64)).astype(np.float16) for _ in range(2))
+        weight = np.ones(64, np.float16)
+        weight.flags.writeable = False  # an input may be read-only
+        by_numpy = comm.allreduce_fusion(x, residual, weight)
+        outs = {"norm_out": np.empty_like(x), "residual_out": np.empty_like(x)}
+        comm.allreduce_fusion(memoryview(x), memoryview(residual), memoryview(weight),
+                              out={k: memoryview(v) for k, v in outs.items()})
+        for name, got in outs.items():
+            assert np.array_equal(got.view(np.uint16), getattr(by_numpy, name).view(np.uint16))
+        readonly = np.zeros_like(x)
+        readonly.flags.writeable = False
+        with pytest.raises(arbiter.ArbiterError, match=r"norm_out'\]: the array is read-only"):
+            comm.allreduce_fusion(x, residual, weight, out={"norm_out": readonly})
