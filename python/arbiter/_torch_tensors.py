@@ -20,7 +20,7 @@ import torch
 
 from . import _library
 from .arrays import Borrowed
-from .communicator import nvfp4_scale_bytes
+from ._results import OUTPUTS, nvfp4_scale_bytes
 from .errors import invalid_argument as _invalid
 from .policy import Dtype
 
@@ -35,10 +35,9 @@ for _name in ("float8_e8m0fnu", "float4_e2m1fn_x2"):  # newer torch only
     if hasattr(torch, _name):
         _NAMES[getattr(torch, _name)] = _name.replace("float", "fp")
 
-OUTPUTS = ("allreduce_out", "residual_out", "norm_out", "quant_out", "scale_out")
 # By pattern code (arbiter_pattern): the outputs it may write, those it
 # must, and those written when the caller gives none.
-WRITES = ({0}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4})
+WRITES = ({0}, {0, 1, 2}, {0, 1, 2, 3}, {0, 1, 2, 3, 4})
 REQUIRED = ({0}, {2}, {3}, {3, 4})
 PRODUCED = ((0,), (1, 2), (1, 3), (1, 3, 4))
 # Quantised outputs: raw bytes, or the float type the kernels write.
@@ -166,13 +165,6 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     stream on this rank's device). The decision it took is the
     communicator's last_decision."""
     tokens = check(comm, code, x, residual, weight, scale, outs, eps, weight_bias, replicated)
-    if code < 2:
-        scale_at = 0
-    elif isinstance(scale, torch.Tensor):
-        scale_at = scale.data_ptr()
-    else:
-        comm._scale_value.value = scale
-        scale_at = comm._scale_address
     if stream is None and comm.device >= 0:
         stream = _current_stream(comm.device)
     ar, res, norm, quant, sf = outs
@@ -181,6 +173,13 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     try:
         if not comm._handle_value:
             raise _invalid("the communicator was closed")
+        if code < 2:
+            scale_at = 0
+        elif isinstance(scale, torch.Tensor):
+            scale_at = scale.data_ptr()
+        else:
+            comm._scale_value.value = scale
+            scale_at = comm._scale_address
         _pack(comm._args, 0, code, comm._dtype_code, 0, tokens, comm.hidden,
               _REPLICATED if replicated and code else 0, x.data_ptr(),
               0 if ar is None else ar.data_ptr(),

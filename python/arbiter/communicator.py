@@ -20,67 +20,19 @@ import ctypes
 import math
 import sys
 import threading
-from typing import NamedTuple
 
-from . import _library
-from .arrays import Borrowed, borrow
+from . import _array_call, _library
+from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
 from .errors import invalid_argument as _invalid
 from .oob import PythonOob
 from .policy import Decision, Dtype, Pattern, Policy, decision_from_c, parse_capability
 from .policy import parse_dtype, parse_pattern
 
-_OUTPUTS = ("allreduce_out", "residual_out", "norm_out", "quant_out", "scale_out")
-# What each pattern writes when `out` does not say otherwise.
-_PRODUCED = {
-    Pattern.ALLREDUCE: ("allreduce_out",),
-    Pattern.RESIDUAL_RMSNORM: ("residual_out", "norm_out"),
-    Pattern.RESIDUAL_RMSNORM_FP8: ("residual_out", "quant_out"),
-    Pattern.RESIDUAL_RMSNORM_FP4: ("residual_out", "quant_out", "scale_out"),
-}
-_REQUIRED = {
-    Pattern.ALLREDUCE: ("allreduce_out",),
-    Pattern.RESIDUAL_RMSNORM: ("norm_out",),
-    Pattern.RESIDUAL_RMSNORM_FP8: ("quant_out",),
-    Pattern.RESIDUAL_RMSNORM_FP4: ("quant_out", "scale_out"),
-}
-_ELEMENTS = {Dtype.FP16: ("fp16",), Dtype.BF16: ("bf16", "u16"), Dtype.FP32: ("fp32",)}
-_NUMPY_TYPES = {Dtype.FP16: "float16", Dtype.BF16: "uint16", Dtype.FP32: "float32"}
-# Quantised outputs: raw bytes, or the format the kernels write.
-_FP8_BYTES = ("u8", "i8", "fp8_e4m3fn")
-_FP4_BYTES = ("u8", "i8", "fp4_e2m1fn_x2")
-_FP8_HINT = " (the kernels write float8 e4m3fn; another float8 format would hold wrong values)"
+__all__ = ["Communicator", "FusionResult", "nvfp4_scale_bytes", "stream_handle"]
 
 
 class _NoTensor:
     """Stands for torch.Tensor until torch is imported: nothing is one."""
-
-
-class FusionResult(NamedTuple):
-    """The outputs of one call (None where the pattern or `out` wrote none)
-    and the decision that ran it: None when torch.compile traced the call
-    (the compiled graph runs later, deciding by size at each call; see
-    Communicator.last_decision). A named tuple: immutable, cheap to make."""
-
-    decision: Decision | None
-    allreduce_out: object = None
-    residual_out: object = None
-    norm_out: object = None
-    quant_out: object = None
-    scale_out: object = None
-
-
-def _stream_handle(stream: object) -> int:
-    """A CUDA stream as its handle: an int, an object with `cuda_stream`
-    (torch), or one with `__cuda_stream__()` returning (version, handle)."""
-    if stream is None:
-        return 0
-    if isinstance(stream, int):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    if hasattr(stream, "cuda_stream"):
-        return int(stream.cuda_stream)
-    raise _invalid(f"stream: a {type(stream).__name__} is not a CUDA stream or handle")
 
 
 def _is_torch_group(oob: object) -> bool:
@@ -105,12 +57,6 @@ def _pattern_mask(patterns: object) -> int:
     for name in names:
         mask |= 1 << int(parse_pattern(name))
     return mask
-
-
-def nvfp4_scale_bytes(tokens: int, hidden: int) -> int:
-    """scale_out for NVFP4 in the 128x4 swizzled layout (16-element blocks)."""
-    block_cols = hidden // 16
-    return ((tokens + 127) // 128) * 128 * ((block_cols + 3) // 4) * 4
 
 
 class Communicator:
@@ -409,153 +355,8 @@ class Communicator:
                                              out=out, stream=stream, scale=scale,
                                              weight_bias=weight_bias,
                                              residual_replicated=residual_replicated)
-        if not self._lock.acquire(blocking=False):
-            raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
-        held: list[Borrowed] = []
-        try:
-            return self._run(x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
-                             residual_replicated, held)
-        finally:
-            for view in held:
-                view.release()
-            self._lock.release()
-
-    def _borrow(self, obj, what, stream, held) -> Borrowed:
-        view = borrow(obj, what, stream)
-        held.append(view)
-        if view.device != self.device:
-            where = lambda d: "host memory" if d < 0 else f"CUDA device {d}"  # noqa: E731
-            raise _invalid(
-                f"{what}: the array is in {where(view.device)}, this rank's communicator "
-                f"runs on {where(self.device)}"
-            )
-        if not view.contiguous:
-            raise _invalid(f"{what}: the array is not C-contiguous (copy it first)")
-        return view
-
-    def _check(self, view: Borrowed, what: str, shape: tuple, elements: tuple,
-               writable: bool = False) -> None:
-        if view.shape != shape:
-            raise _invalid(f"{what}: shape {view.shape}, expected {shape}")
-        if view.element not in elements:
-            hint = (_FP8_HINT if elements is _FP8_BYTES else
-                    " (bf16 as a uint16 array of its bits)" if "u16" in elements else "")
-            raise _invalid(
-                f"{what}: element type {view.element}, expected {' or '.join(elements)}{hint}"
-            )
-        if writable and view.readonly:
-            raise _invalid(f"{what}: the array is read-only")
-
-    def _run(self, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
-             residual_replicated, held):
-        if not self._handle:
-            raise _invalid("the communicator was closed")
-        if pattern is None:
-            pattern = Pattern.ALLREDUCE if residual is None else Pattern.RESIDUAL_RMSNORM
-        pattern = parse_pattern(pattern)
-        if self.device < 0 and stream is not None:
-            raise _invalid("stream: this communicator runs on host memory; pass no stream")
-        handle = _stream_handle(stream)
-        elements = _ELEMENTS[self.dtype]
-        xv = self._borrow(x, "x", handle, held)
-        if len(xv.shape) != 2:
-            raise _invalid(f"x: shape {xv.shape}; expected (tokens, hidden={self.hidden})")
-        tokens, hidden = xv.shape
-        if hidden != self.hidden:
-            raise _invalid(f"x: hidden {hidden}; the communicator was created for {self.hidden}")
-        if self.max_tokens is not None and tokens > self.max_tokens:
-            raise _invalid(f"x: {tokens} tokens, more than max_tokens={self.max_tokens}")
-        self._check(xv, "x", (tokens, hidden), elements)
-        args = _library.CAllreduceArgs(pattern=int(pattern), dtype=int(self.dtype), tokens=tokens,
-                                       hidden=hidden, input=xv.address)
-        if not isinstance(residual_replicated, bool):
-            raise _invalid(f"residual_replicated {residual_replicated!r} must be True or False")
-        norm = pattern != Pattern.ALLREDUCE
-        if norm:
-            if residual is None or weight is None:
-                raise _invalid(f"pattern {pattern.name.lower()} needs residual and weight")
-            rv = self._borrow(residual, "residual", handle, held)
-            self._check(rv, "residual", (tokens, hidden), elements)
-            wv = self._borrow(weight, "weight", handle, held)
-            self._check(wv, "weight", (hidden,), elements)
-            if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-                raise _invalid(f"eps {eps!r} must be finite and >= 0")
-            if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
-                raise _invalid(f"weight_bias {weight_bias!r} must be finite")
-            args.residual_in, args.gamma = rv.address, wv.address
-            args.eps, args.weight_bias = float(eps), float(weight_bias)
-            args.flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
-        elif residual is not None or weight is not None:
-            raise _invalid("pattern allreduce takes no residual or weight")
-        quant = pattern in (Pattern.RESIDUAL_RMSNORM_FP8, Pattern.RESIDUAL_RMSNORM_FP4)
-        scale_keep = None
-        if quant:
-            if scale is None:
-                raise _invalid(f"pattern {pattern.name.lower()} needs scale")
-            if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-                if self.device >= 0:
-                    raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
-                scale_keep = ctypes.c_float(scale)
-                args.scale = ctypes.addressof(scale_keep)
-            else:
-                sv = self._borrow(scale, "scale", handle, held)
-                if sv.element != "fp32" or sv.nbytes != 4:
-                    raise _invalid(f"scale: {sv.element} of shape {sv.shape}; pass one float32")
-                args.scale = sv.address
-        elif scale is not None:
-            raise _invalid(f"pattern {pattern.name.lower()} takes no scale")
-
-        def layout(name: str) -> tuple:  # (shape, element types) of an output
-            if name == "quant_out" and pattern == Pattern.RESIDUAL_RMSNORM_FP8:
-                return (tokens, hidden), _FP8_BYTES
-            if name == "quant_out":
-                return (tokens, hidden // 2), _FP4_BYTES
-            if name == "scale_out":
-                return (nvfp4_scale_bytes(tokens, hidden),), _FP8_BYTES
-            return (tokens, hidden), elements
-
-        given = dict(out or {})
-        unknown = set(given) - set(_OUTPUTS)
-        if unknown:
-            raise _invalid(f"out: unknown keys {sorted(unknown)}; use {', '.join(_OUTPUTS)}")
-        results = {}
-        for name in _OUTPUTS:
-            if name in given:
-                obj = given[name]
-                if obj is None:
-                    if name in _REQUIRED[pattern]:
-                        raise _invalid(f"out: {name} is required by this pattern")
-                    continue
-            elif name in _PRODUCED[pattern]:
-                obj = self._allocate(name, *layout(name))
-            else:
-                continue
-            if not norm and name != "allreduce_out":
-                raise _invalid(f"out: pattern allreduce writes no {name}")
-            if not quant and name in ("quant_out", "scale_out"):
-                raise _invalid(f"out: pattern {pattern.name.lower()} writes no {name}")
-            if pattern == Pattern.RESIDUAL_RMSNORM_FP8 and name == "scale_out":
-                raise _invalid("out: residual_rmsnorm_fp8 writes no scale_out")
-            view = self._borrow(obj, f"out[{name!r}]", handle, held)
-            self._check(view, f"out[{name!r}]", *layout(name), writable=True)
-            setattr(args, name, view.address)
-            results[name] = obj
-
-        status = self._fusion_call(self._handle_value, ctypes.addressof(args), handle or None,
-                                   self._decision_address)
-        del scale_keep  # the call is over
-        _library.check(self._lib, status)
-        return FusionResult(decision=self.last_decision, **results)
-
-    def _allocate(self, name: str, shape: tuple, elements: tuple):
-        if self.device >= 0:
-            raise _invalid(
-                f"out: on a GPU rank every output is the caller's; pass out={{'{name}': ...}}"
-            )
-        import numpy
-
-        kind = "uint8" if elements in (_FP8_BYTES, _FP4_BYTES) else _NUMPY_TYPES[self.dtype]
-        return numpy.empty(shape, dtype=kind)
+        return _array_call.run(self, x, residual, weight, eps, pattern, out, stream, scale,
+                               weight_bias, residual_replicated)
 
     # --- lifetime ---------------------------------------------------------
 

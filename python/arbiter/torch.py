@@ -36,7 +36,7 @@ import weakref
 import torch
 
 from . import _torch_tensors
-from .communicator import FusionResult, _stream_handle, nvfp4_scale_bytes
+from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
 from .errors import invalid_argument as _invalid
 from .policy import Pattern, parse_pattern
 
@@ -181,7 +181,7 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     if stream is not None:
         if comm.device < 0:
             raise _invalid("stream: this communicator runs on host memory; pass no stream")
-        stream = _stream_handle(stream)
+        stream = stream_handle(stream)
     _torch_tensors.run(comm, code, x, residual, weight, scale, outs, eps, weight_bias,
                        residual_replicated, stream)
     return _result(FusionResult, (comm.last_decision, *outs))

@@ -79,6 +79,11 @@ def test_torch_tensors_in_torch_tensors_out(dtype):
         assert_norm(r.norm_out, norm_ref)
         plain = comm.allreduce_fusion(x)
         assert torch.equal(plain.allreduce_out, x) and plain.norm_out is None
+        # A norm pattern may also write the sum (one rank: x itself).
+        both = comm.allreduce_fusion(x, residual, weight,
+                                     out={"allreduce_out": torch.empty_like(x)})
+        assert torch.equal(both.allreduce_out, x)
+        assert torch.equal(both.residual_out, residual_ref)
 
 
 def test_in_place_as_vllm_calls_it_eager_and_through_the_op(comm):
