@@ -4,8 +4,9 @@ shm backend), run after run in one invocation:
     python3 bench/python/host_cost_shm.py [--nproc 2] [--hidden 4096] [--tokens 1]
 
 Each run starts `arbiter launch --nproc N` twice: once this file as the
-ranks' program (--worker), timing the Python ways in (torch tensors eager
-and through the op, numpy arrays; bf16, in place), once `arbiter-bench-shm`
+ranks' program (--worker), timing the Python ways in (the bare C call through
+ctypes with its arguments prebuilt, torch tensors eager and through the
+op, numpy arrays; bf16, in place), once `arbiter-bench-shm`
 for the same bytes, whose fused_oneshot row is the C++ figure. A figure is
 the median over trials of the slowest rank's per-call time, calls back to
 back, as arbiter-bench-shm measures it. Printed: per way the median and
@@ -28,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, os.pardir, os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "python"))
-WAYS = ("torch_eager", "torch_op", "numpy")
+WAYS = ("c_call", "torch_eager", "torch_op", "numpy")
 
 
 def worker(opts) -> int:
@@ -49,7 +50,11 @@ def worker(opts) -> int:
     out, numpy_out = {"norm_out": x, "residual_out": residual}, {"norm_out": bits[0],
                                                                  "residual_out": bits[1]}
     op, handle = torch.ops.arbiter.allreduce_fusion.default, comm.op_handle
+    comm.allreduce_fusion(x, residual, weight, out=out)  # fills comm's argument block
+    call, args = comm._fusion_call, (comm._handle_value, comm._args_address, None,
+                                     comm._decision_address)
     ways = {
+        "c_call": lambda: call(*args),
         "torch_eager": lambda: comm.allreduce_fusion(x, residual, weight, out=out),
         "torch_op": lambda: op(handle, 1, x, residual, weight, None, residual, x),
         "numpy": lambda: comm.allreduce_fusion(*bits, out=numpy_out),
@@ -85,9 +90,10 @@ def programs() -> tuple[str, str]:
     return arbiter_bin, bench
 
 
-def launch(arbiter_bin: str, nproc: int, program: list[str]) -> list[str]:
+def launch(arbiter_bin: str, nproc: int, affinity: str, program: list[str]) -> list[str]:
     done = subprocess.run([arbiter_bin, "launch", "--nproc", str(nproc), "--timeout", "300",
-                           "--"] + program, capture_output=True, text=True, timeout=330)
+                           "--cpu-affinity", affinity, "--"] + program, capture_output=True,
+                          text=True, timeout=330)
     if done.returncode != 0:
         sys.exit(f"host_cost_shm: {' '.join(program[:2])} failed:\n{done.stdout}{done.stderr}")
     prefix = "[rank 0] "
@@ -102,6 +108,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--trials", type=int, default=15)
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--cpu-affinity", default="none",
+                        help="arbiter launch --cpu-affinity for both (none, spread, a CPU list)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
@@ -113,19 +121,20 @@ def main() -> int:
     figures = {name: [] for name in ("cpp",) + WAYS}
     algorithms = set()
     for _ in range(opts.runs):
-        for line in launch(arbiter_bin, opts.nproc, [
+        for line in launch(arbiter_bin, opts.nproc, opts.cpu_affinity, [
                 sys.executable, os.path.abspath(__file__), "--worker", "--hidden",
                 str(opts.hidden), "--tokens", str(opts.tokens), "--trials", str(opts.trials),
                 "--calls", str(opts.calls)]):
             name, us, algorithm = line.split(",")
             figures[name].append(float(us))
             algorithms.add(algorithm)
-        rows = csv.reader(launch(arbiter_bin, opts.nproc, [
+        rows = csv.reader(launch(arbiter_bin, opts.nproc, opts.cpu_affinity, [
             bench, "--from", size, "--to", size, "--hidden", str(opts.hidden), "--trials",
             str(opts.trials)]))
         cpp = [float(r[4]) for r in rows if len(r) > 4 and r[3] == "fused_oneshot"]
         figures["cpp"].append(cpp[0])
-    print(f"# {opts.nproc} ranks, {opts.tokens} x {opts.hidden} bf16, residual_rmsnorm in place "
+    print(f"# {opts.nproc} ranks (cpu affinity {opts.cpu_affinity}), {opts.tokens} x "
+          f"{opts.hidden} bf16, residual_rmsnorm in place "
           f"({'/'.join(sorted(algorithms))}); {opts.runs} runs, each the median of "
           f"{opts.trials} trials of {opts.calls} calls (slowest rank)")
     print(f"{'way':<12} {'us/call median':>15} {'(min-max)':>15} {'over C++':>9} {'(min-max)':>13}")
