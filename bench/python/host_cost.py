@@ -13,6 +13,8 @@ Methods, each on (tokens, hidden) tensors of --dtype, in place as vLLM calls it:
   c_call       arbiter_comm_allreduce_fusion through ctypes with the arguments prebuilt (the floor)
   numpy        (CPU only) the eager call on numpy arrays of the same bits
 
+The library: ARBITER_LIBRARY, else the source tree's build/lib.
+
 Host cost per call: the wall time of --calls calls back to back divided by
 --calls (on CUDA without synchronising inside the batch, so it is the
 launch cost while the GPU keeps up; the batch is synchronised before it
@@ -33,8 +35,11 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, os.pardir, os.pardir, "python"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+# The source tree's build unless ARBITER_LIBRARY names another library.
+if os.path.isdir(os.path.join(ROOT, "build", "lib")):
+    os.environ.setdefault("ARBITER_LIBRARY", os.path.join(ROOT, "build", "lib"))
 import arbiter  # noqa: E402  (the source tree's, unless PYTHONPATH says otherwise)
 from arbiter import _library  # noqa: E402
 

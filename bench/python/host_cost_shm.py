@@ -13,7 +13,8 @@ back, as arbiter-bench-shm measures it. Printed: per way the median and
 min-max over runs, and its excess over C++ in the same run.
 
 Finds `arbiter` and `arbiter-bench-shm` through ARBITER_BIN (the program;
-the benchmark is beside it) or build/bin of the source tree.
+the benchmark is beside it) or build/bin of the source tree, the library
+through ARBITER_LIBRARY or build/lib.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, os.pardir, os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+# The source tree's build unless ARBITER_LIBRARY names another library.
+if os.path.isdir(os.path.join(ROOT, "build", "lib")):
+    os.environ.setdefault("ARBITER_LIBRARY", os.path.join(ROOT, "build", "lib"))
 WAYS = ("c_call", "torch_eager", "torch_op", "numpy")
 
 
