@@ -21,6 +21,12 @@ And it runs the all-reduce (every rank, e.g. under `arbiter launch` or torchrun)
     r = comm.allreduce_fusion(x, residual, weight, eps=1e-6)   # numpy, torch, cupy ...
     r.norm_out, r.residual_out, r.decision
 
+With torch: torch tensors are read directly (no DLPack export), CUDA calls
+run on torch's current stream, Communicator.from_process_group(group, ...)
+meets the ranks over a torch.distributed gloo group, and arbiter.torch
+registers torch.ops.arbiter.allreduce_fusion, which torch.compile traces
+(see docs/integration.md, PyTorch).
+
 The library is found through ARBITER_LIBRARY (the file or its folder), then
 next to this package, then in the prefix this package was installed into,
 then on the system's library path. Failures raise ArbiterError, whose
