@@ -120,6 +120,8 @@ def main() -> int:
         return worker(opts)
     if opts.runs < 5:
         parser.error("--runs: at least 5, for a spread worth reading")
+    if opts.trials < 3:
+        parser.error("--trials: at least 3 (arbiter-bench-shm's minimum)")
     arbiter_bin, bench = programs()
     size = f"{opts.tokens * opts.hidden * 2}B"
     figures = {name: [] for name in ("cpp",) + WAYS}
