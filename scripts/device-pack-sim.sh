@@ -21,7 +21,8 @@
 #      then exit 77; --fake-gpu puts an nvidia-smi that names an H200 first on
 #      PATH, so that every GPU step runs and its report is written: the GPU
 #      tests and the benchmark then find no CUDA device and skip or fail);
-#   2. with the same links: `arbiter show`, `arbiter plugins`, 2 ranks of
+#   2. with the same links: a control (`arbiter show` without the pack's
+#      libraries must fail), then `arbiter show`, `arbiter plugins`, 2 ranks of
 #      arbiter-example-fused (CPU, shm) under `arbiter launch` with
 #      LD_DEBUG=libs (which file each library came from), and the CPU tests
 #      that go through the launcher, the UCX bootstrap and shm
@@ -125,6 +126,13 @@ src=$(sed -n 's/^source_root=//p' "$carried/PACK_INFO")
 tree=$(sed -n 's/^build_dir=//p' "$carried/PACK_INFO")
 [ -e "$src" ] && { echo "$src exists inside the namespace: the hiding failed"; exit 3; }
 ln -s "$dev" "$src" && ln -s "$carried" "$tree" || exit 3
+# The control: without the pack's libraries the program must not start here.
+if control=$(env -u LD_LIBRARY_PATH timeout 30 "$tree/bin/arbiter" show 2>&1); then
+  echo "control FAILED: arbiter show ran without the pack's libraries: the system's are not hidden"
+  status=1
+else
+  echo "control: without the pack's libraries arbiter show fails: $(head -n1 <<<"$control")"
+fi
 export LD_LIBRARY_PATH=$carried/device-libs UCX_MODULE_DIR=$carried/device-libs/ucx
 export UCX_TLS=tcp,self UCX_NET_DEVICES=lo
 run() { echo "--- $*"; timeout 300 "$@"; local rc=$?; echo "(exit $rc)"; return $rc; }
