@@ -79,8 +79,9 @@ def make_weights(layers: int, hidden: int, ffn: int, seed: int = 7):
     rng = np.random.default_rng(seed)
     weights = []
     for _ in range(layers):
-        up = rng.standard_normal((hidden, ffn), dtype=np.float32) / np.sqrt(hidden)
-        down = rng.standard_normal((ffn, hidden), dtype=np.float32) / np.sqrt(ffn)
+        # float32 throughout: numpy 2 promotes float32 / np.float64 to float64.
+        up = (rng.standard_normal((hidden, ffn)) / np.sqrt(hidden)).astype(np.float32)
+        down = (rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)).astype(np.float32)
         gamma = rng.uniform(0.8, 1.2, hidden).astype(np.float32)
         weights.append((up, down, gamma))
     return weights

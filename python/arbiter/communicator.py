@@ -204,7 +204,7 @@ class Communicator:
         self._options = _library.CCommOptions(
             capability=self.capability,
             nodes=nodes,
-            nvlink_domain=1 if nvlink_domain else 0,
+            nvlink_domain=1 if nvlink_domain else 2,  # ARBITER_NVLINK_YES / _NO
             multicast=1 if multicast else 0,
             device=-1 if self.capability == 0 else (-1 if local_rank is None else local_rank),
             max_tokens=max_tokens or 0,

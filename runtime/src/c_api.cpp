@@ -189,7 +189,8 @@ arbiter::CommunicatorOptions to_options(const arbiter_comm_options& in) {
                      ? arbiter::Capability::cpu()
                      : arbiter::Capability::sm(static_cast<std::uint16_t>(in.capability));
   o.nodes = in.nodes == 0 ? 1 : in.nodes;
-  o.nvlink_domain = in.nvlink_domain != 0;
+  o.nvlink_domain = in.nvlink_domain == ARBITER_NVLINK_YES ||
+                    (in.nvlink_domain == ARBITER_NVLINK_AUTO && o.nodes <= 1);
   o.multicast = in.multicast != 0;
   o.device = in.device;
   o.max_tokens = in.max_tokens;
@@ -204,6 +205,11 @@ bool valid_options(const arbiter_comm_options& in) {
   const std::int64_t dtype = raw_enum(in.dtype);
   if (!arbiter::common::is_valid_dtype(dtype)) {
     g_last_error = "options: unknown dtype " + std::to_string(dtype);
+    return false;
+  }
+  if (in.nvlink_domain > ARBITER_NVLINK_NO) {
+    g_last_error = "options: nvlink_domain " + std::to_string(in.nvlink_domain) +
+                   " is none of ARBITER_NVLINK_AUTO (0), _YES (1), _NO (2)";
     return false;
   }
   if ((in.pattern_mask & ~arbiter::CommunicatorOptions::kAllPatterns) != 0) {

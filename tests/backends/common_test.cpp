@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/bits.h"
 #include "arbiter/common/fp8.h"
 #include "arbiter/common/numeric.h"
@@ -611,3 +612,19 @@ BOOST_AUTO_TEST_CASE(reference_checks_catch_a_wrong_output) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// NVFP4 needs capability 100 and a kernel built from 100 on: PTX for
+// compute_90 JIT-compiled on a B200 has the epilogue that traps, so a build
+// for 90a alone must not offer NVFP4 there (trtllm, mnnvl and nccl ask this).
+BOOST_AUTO_TEST_CASE(nvfp4_is_offered_only_by_builds_with_an_architecture_from_100_on) {
+  using arbiter::common::nvfp4_kernel_built_for;
+  BOOST_TEST(!nvfp4_kernel_built_for(90, "90a,100a,103a"));
+  BOOST_TEST(nvfp4_kernel_built_for(100, "90a,100a,103a"));
+  BOOST_TEST(nvfp4_kernel_built_for(103, "90a,100a,103a"));
+  BOOST_TEST(!nvfp4_kernel_built_for(100, "90a"));
+  BOOST_TEST(!nvfp4_kernel_built_for(100, "90"));  // compute_90 PTX, JIT on a B200
+  BOOST_TEST(nvfp4_kernel_built_for(103, "90,100f"));
+  BOOST_TEST(nvfp4_kernel_built_for(120, "100-virtual"));
+  BOOST_TEST(nvfp4_kernel_built_for(100, ""));  // unknown list: every capability
+  BOOST_TEST(!nvfp4_kernel_built_for(90, ""));
+}

@@ -48,7 +48,7 @@ struct Module {
     }
     const DriverApi* api = nullptr;
     if (Status s = driver_api(&api); !s.ok()) return s;
-    *caps = common::fused_gpu_caps(capability, kWorldSizeMask,
+    *caps = common::fused_gpu_caps(capability, ARBITER_MNNVL_KERNEL_ARCHS, kWorldSizeMask,
                                    ARBITER_CAPS_NEEDS_MULTICAST | ARBITER_CAPS_NEEDS_NVLINK);
     return Status();
   }

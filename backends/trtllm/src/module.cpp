@@ -43,7 +43,8 @@ struct Module {
         !s.ok()) {
       return s;
     }
-    *caps = common::fused_gpu_caps(capability, kWorldSizeMask, ARBITER_CAPS_SINGLE_NODE_ONLY);
+    *caps = common::fused_gpu_caps(capability, ARBITER_TRTLLM_KERNEL_ARCHS, kWorldSizeMask,
+                                   ARBITER_CAPS_SINGLE_NODE_ONLY);
     return Status();
   }
 

@@ -73,11 +73,16 @@ uint64_t arbiter_policy_fingerprint(const arbiter_policy* policy);
 int32_t arbiter_explain(const arbiter_policy* policy, const arbiter_request* request, int32_t json,
                         char* buf, size_t size, size_t* needed);
 
+/* arbiter_comm_options.nvlink_domain. */
+#define ARBITER_NVLINK_AUTO 0u /* one node: NVLink assumed; several nodes: none */
+#define ARBITER_NVLINK_YES 1u  /* every rank in one NVLink domain (NVL72 across nodes too) */
+#define ARBITER_NVLINK_NO 2u   /* no NVLink between the ranks (PCIe only) */
+
 typedef struct arbiter_comm_options {
-  uint32_t capability; /* of this rank's device; 0 for CPU ranks */
-  uint32_t nodes;
-  uint32_t nvlink_domain;
-  uint32_t multicast;
+  uint32_t capability;    /* of this rank's device; 0 for CPU ranks */
+  uint32_t nodes;         /* 0 is read as 1 */
+  uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto) as the C++ and Python defaults */
+  uint32_t multicast;     /* bool */
   int32_t device; /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
   uint32_t max_tokens;
   uint32_t hidden;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "arbiter/arbiter.h"
 #include "arbiter/communicator.h"
 #include "thread_oob.h"
 
@@ -283,4 +284,64 @@ BOOST_AUTO_TEST_CASE(outside_the_mode_a_missing_fallback_still_fails_creation) {
   BOOST_TEST(contains(o.creation_error, "the fallback backend nccl is not usable on every rank"),
              o.creation_error);
   BOOST_TEST(contains(o.creation_error, "runs none of the patterns asked for"), o.creation_error);
+}
+
+// A C caller that zeroes every option but the device and shape gets what
+// C++ and Python callers get by default: one node means NVLink, so the small
+// call is fused (nvlink_domain 0 is ARBITER_NVLINK_AUTO, not "no NVLink").
+BOOST_AUTO_TEST_CASE(c_api_default_options_fuse_on_one_node) {
+  const ScopedEnv plugins("ARBITER_PLUGIN_PATH", ARBITER_RECORDING_DIR);
+  constexpr int kRanks = 8;
+  arbiter::test::ThreadGroup group(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<arbiter_decision> used(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      arbiter_policy* policy = nullptr;
+      arbiter_policy_load(nullptr, 0, nullptr, &policy);
+      arbiter_comm_options o{};
+      o.capability = 103;
+      o.device = r;
+      o.hidden = 7168;
+      o.dtype = ARBITER_DTYPE_BF16;
+      const arbiter_oob oob = group.oob(r);
+      arbiter_comm* comm = nullptr;
+      if (arbiter_comm_create(&oob, policy, &o, &comm) != ARBITER_OK) {
+        errors[r] = arbiter_last_error();
+      } else {
+        std::vector<std::uint16_t> dummy(1);
+        arbiter_allreduce_args a{};
+        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+        a.dtype = ARBITER_DTYPE_BF16;
+        a.tokens = 1;
+        a.hidden = 7168;
+        a.input = a.residual_in = a.gamma = dummy.data();
+        a.residual_out = a.norm_out = dummy.data();
+        if (arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used[r]) != ARBITER_OK) {
+          errors[r] = arbiter_last_error();
+        }
+        arbiter_comm_destroy(comm);
+      }
+      arbiter_policy_free(policy);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    BOOST_TEST(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    BOOST_TEST(std::string(arbiter_backend_name(used[r].backend)) == "trtllm");
+    BOOST_TEST(used[r].fused == 1u);
+  }
+  // Values that name no setting are refused.
+  arbiter_policy* policy = nullptr;
+  arbiter_policy_load(nullptr, 0, nullptr, &policy);
+  arbiter_comm_options o{};
+  o.capability = 103;
+  o.hidden = 64;
+  o.nvlink_domain = 3;
+  const arbiter_oob oob = group.oob(0);
+  arbiter_comm* comm = nullptr;
+  BOOST_TEST(arbiter_comm_create(&oob, policy, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("nvlink_domain 3") != std::string::npos);
+  arbiter_policy_free(policy);
 }

@@ -14,8 +14,9 @@ namespace arbiter::common {
 // on their family (same major, minor not below), plain SASS ("-real") on the
 // same major, plain PTX ("-virtual", or a bare number, which is both) on any
 // later device. An entry this does not understand ("all", "native") counts
-// as covering everything, and so does an empty list.
-inline bool kernel_built_for(std::uint32_t capability, const char* archs) {
+// as covering everything, and so does an empty list. Entries numbered below
+// `least` do not count (a kernel that traps when compiled for them).
+inline bool kernel_built_for(std::uint32_t capability, const char* archs, std::uint32_t least = 0) {
   const std::string list(archs);
   if (list.empty()) return true;
   std::size_t start = 0;
@@ -37,6 +38,7 @@ inline bool kernel_built_for(std::uint32_t capability, const char* archs) {
     while (digits < entry.size() && entry[digits] >= '0' && entry[digits] <= '9') ++digits;
     if (digits == 0 || digits > 4) return true;
     const auto arch = static_cast<std::uint32_t>(std::stoul(entry.substr(0, digits)));
+    if (arch < least) continue;
     const std::string suffix = entry.substr(digits);
     const bool same_major = capability / 10 == arch / 10 && capability >= arch;
     if (suffix == "a") {
@@ -50,6 +52,15 @@ inline bool kernel_built_for(std::uint32_t capability, const char* archs) {
     }
   }
   return false;
+}
+
+// Whether a build for `archs` has the NVFP4 epilogue for a device of
+// `capability`. The epilogues trap when compiled for an architecture below
+// 100 (refused, never a silent no-op), so only entries from 100 on count:
+// PTX for compute_90 JIT-compiled on a B200 has no quantiser.
+inline constexpr std::uint32_t kNvfp4MinArch = 100;
+inline bool nvfp4_kernel_built_for(std::uint32_t capability, const char* archs) {
+  return capability >= kNvfp4MinArch && kernel_built_for(capability, archs, kNvfp4MinArch);
 }
 
 }  // namespace arbiter::common

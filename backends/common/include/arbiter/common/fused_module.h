@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/call_checks.h"
 #include "arbiter/common/cuda/epilogue_params.h"
 #include "arbiter/common/cuda/kernel_launch_shape.h"
@@ -34,12 +35,13 @@ struct FusedRank {
   std::uint64_t spin_timeout_ns = 0;  // kernel_timeout_ns()
 };
 
-// A fused module's caps on a device of `capability` (major * 10 + minor):
-// every dtype, one-shot and two-shot, every pattern (NVFP4 from capability
-// 100 on, as check_nvfp4 admits it). Both fused modules accept ranks of
+// A fused module's caps on a device of `capability` (major * 10 + minor)
+// with kernels built for `archs`: every dtype, one-shot and two-shot, every
+// pattern (NVFP4 from capability 100 on, as check_nvfp4 admits it, where the
+// build has an architecture from 100 on). Both fused modules accept ranks of
 // several processes on one GPU in the shared-GPU test mode (rank_hello.h).
-inline arbiter_backend_caps fused_gpu_caps(std::uint32_t capability, std::uint64_t world_size_mask,
-                                           std::uint32_t flags) {
+inline arbiter_backend_caps fused_gpu_caps(std::uint32_t capability, const char* archs,
+                                           std::uint64_t world_size_mask, std::uint32_t flags) {
   arbiter_backend_caps caps{};
   caps.device_kind = ARBITER_DEVICE_GPU;
   caps.capability = capability;
@@ -48,7 +50,7 @@ inline arbiter_backend_caps fused_gpu_caps(std::uint32_t capability, std::uint64
       (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
   caps.pattern_mask = (1u << ARBITER_PATTERN_ALLREDUCE) | (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM) |
                       (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
-  if (capability >= kMinNvfp4Capability) {
+  if (capability >= kMinNvfp4Capability && nvfp4_kernel_built_for(capability, archs)) {
     caps.pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
   }
   caps.algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);

@@ -63,41 +63,13 @@ inline const char* pattern_name(std::int64_t p) {
   }
 }
 
-// Whether a build for `archs` (CMake's CUDA_ARCHITECTURES joined by ',')
-// has the NVFP4 epilogue for a device of `capability`. The kernel traps when
-// compiled for an architecture below 100 (refused, never a silent no-op), so
-// only the entries from 100 on count: PTX for compute_90 JIT-compiled on a
-// B200 has no quantiser. An entry without a number ("all", "native") counts
-// as kernel_built_for counts it; an empty list covers every capability.
-inline bool nvfp4_kernel_built_for(std::uint32_t capability, const char* archs) {
-  if (capability < common::kMinNvfp4Capability) return false;
-  const std::string list(archs);
-  if (list.empty()) return true;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    std::size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    const std::string entry = list.substr(start, end - start);
-    start = end + 1;
-    if (entry.empty()) continue;
-    std::size_t digits = 0;
-    while (digits < entry.size() && entry[digits] >= '0' && entry[digits] <= '9') ++digits;
-    if (digits > 0 && digits <= 4 &&
-        std::stoul(entry.substr(0, digits)) < common::kMinNvfp4Capability) {
-      continue;
-    }
-    if (common::kernel_built_for(capability, entry.c_str())) return true;
-  }
-  return false;
-}
-
 // The patterns a device of `capability` runs with a build for `archs`: plain
 // all-reduce needs only NCCL, the norm patterns our kernel, NVFP4 also
 // capability >= 100 and a kernel compiled for it.
 inline std::uint32_t patterns_for(std::uint32_t capability, const char* archs) {
   if (!common::kernel_built_for(capability, archs)) return 1u << ARBITER_PATTERN_ALLREDUCE;
   std::uint32_t patterns = kSupportedPatterns & ~(1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4);
-  if (nvfp4_kernel_built_for(capability, archs)) {
+  if (common::nvfp4_kernel_built_for(capability, archs)) {
     patterns |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
   }
   return patterns;
