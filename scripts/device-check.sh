@@ -13,7 +13,7 @@
 #   summary.json     the same steps and tests, for machines
 #   setup.log        cmake configure and build output (or the pack check), then nvidia-smi -q
 #   ctest.log        ctest -L gpu --output-on-failure
-#   examples.log     the torch probe and the examples (--full)
+#   examples.log     the torch probe, the examples and the Python host-cost bench (--full)
 #   sanitizer.log    compute-sanitizer runs
 #   bench.csv        arbiter-bench-fused CSV (bench/FUSED.md describes it)
 #   bench.log        its progress and summary (stderr)
@@ -370,6 +370,20 @@ print(len(tests), len(py), ",".join(exe) or "-", " ".join(t["name"] for t in py)
           "$tree/bin/arbiter" launch --nproc 2 --timeout $((limit > 30 ? limit - 15 : limit / 2)) -- \
           python3 "$example" --device cuda || failed=1
       fi
+    fi
+
+    # The host cost of a call from Python on CUDA tensors, side by side with
+    # torch's rms_norm in one process (bench/python/host_cost.py).
+    bench_py=$root/bench/python/host_cost.py
+    name="host cost from Python (CUDA tensors)"
+    if [ ! -f "$bench_py" ]; then
+      record "$name" "skip (no bench/python/host_cost.py)" 0 examples.log
+    elif [[ $torch_line != torch* ]]; then
+      record "$name" "skip (python3 cannot import torch)" 0 examples.log
+    else
+      echo "=== python3 bench/python/host_cost.py --device cuda --runs 5" >>"$out/examples.log"
+      step "$name" "$out/examples.log" "$(budget 90 150)" "${py_env[@]}" \
+        python3 "$bench_py" --device cuda --runs 5 || failed=1
     fi
 
     # The C++ example on the GPU, once it has a mode for it (--help says).
