@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -345,6 +346,14 @@ void Communicator::Impl::create(const Registry& registry) {
           {fused_bytes,
            std::min(largest_call == 0 ? kFallbackSliceBytes : largest_call, kFallbackSliceBytes),
            token});
+    }
+    // max_tokens 0 (unknown, the default): as many tokens as the workspace
+    // takes, so that modules which size by tokens (trtllm, mnnvl) hold the
+    // cap and are not refused for a zero.
+    if (spec.max_tokens == 0 && options.hidden != 0) {
+      const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);
+      spec.max_tokens = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>((spec.max_message_bytes + token - 1) / token, UINT32_MAX));
     }
     spec.timeout_ms = timeout.count();
     const arbiter_backend_v1_t* module = registry.backend(b);

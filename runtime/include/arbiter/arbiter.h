@@ -84,7 +84,7 @@ typedef struct arbiter_comm_options {
   uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto) as the C++ and Python defaults */
   uint32_t multicast;     /* bool */
   int32_t device; /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
-  uint32_t max_tokens;
+  uint32_t max_tokens; /* the largest call; 0 (unknown): what the tables fuse */
   uint32_t hidden;
   arbiter_dtype dtype;
   /* The patterns calls will use: bit arbiter_pattern; 0: every pattern.

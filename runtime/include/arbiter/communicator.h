@@ -45,7 +45,9 @@ struct CommunicatorOptions {
   bool nvlink_domain = true;
   bool multicast = false;
   int device = -1;  // CUDA ordinal (LOCAL_RANK, never RANK); -1 for CPU ranks
-  // The largest call the framework will make, to size fallback workspaces.
+  // The largest call the framework will make, to size fallback workspaces;
+  // 0 (unknown): workspaces hold what the tables fuse, and the fallback runs
+  // larger calls in slices.
   std::uint32_t max_tokens = 0;
   std::uint32_t hidden = 0;
   Dtype dtype = Dtype::kBf16;

@@ -51,6 +51,13 @@ static int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps)
 
 static int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec,
                       arbiter_workspace** out) {
+  /* As the fused modules do: a workspace is sized by these. */
+  if (spec->max_tokens == 0 || spec->hidden == 0 || spec->max_message_bytes == 0) {
+    snprintf(g_error, sizeof g_error, "%s: max_tokens %u, hidden %u and max_message_bytes %llu "
+             "must all be > 0", RECORDING_NAME, spec->max_tokens, spec->hidden,
+             (unsigned long long)spec->max_message_bytes);
+    return ARBITER_INVALID_ARGUMENT;
+  }
   if (spec->pattern_mask & ~g_patterns) {
     snprintf(g_error, sizeof g_error, "%s: asked for pattern_mask %u, runs %u", RECORDING_NAME,
              spec->pattern_mask, g_patterns);
