@@ -22,7 +22,8 @@ struct EpilogueParams {
   common::Epilogue epilogue = common::Epilogue::kNorm;
   std::uint32_t tokens = 0;       // > 0
   std::uint32_t hidden = 0;       // > 0; NVFP4: a multiple of 16
-  const void* sum = nullptr;      // the all-reduced input; may equal residual_out
+  const void* sum = nullptr;      // the all-reduced input (one rank: the input itself);
+                                  // may equal residual_out or norm_out
   void* allreduce_out = nullptr;  // optional: a copy of sum; may equal residual_in
   const void* residual_in = nullptr;
   void* residual_out = nullptr;  // sum + residual_in (rounded to dtype); may equal residual_in

@@ -509,7 +509,17 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
   if (const cudaError_t e = scope.use(ws->device); e != cudaSuccess) {
     return report(error(ARBITER_INTERNAL, cuda_message("cudaSetDevice", e)));
   }
+  // One rank: the sum is the input, and NCCL has nothing to exchange (TP=1
+  // runs the epilogue alone, one launch instead of two per chunk).
+  const bool single = ws->world_size == 1;
   if (a.pattern == ARBITER_PATTERN_ALLREDUCE) {
+    if (single) {
+      if (a.allreduce_out == a.input) return ARBITER_OK;
+      const cudaError_t e =
+          cudaMemcpyAsync(a.allreduce_out, a.input, total_bytes, cudaMemcpyDeviceToDevice, stream);
+      return e == cudaSuccess ? ARBITER_OK
+                              : report(error(ARBITER_INTERNAL, cuda_message("cudaMemcpyAsync", e)));
+    }
     return report(
         all_reduce(*ws, a.input, a.allreduce_out, uint64_t{a.tokens} * a.hidden, a.dtype, stream));
   }
@@ -554,14 +564,22 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
   for (uint64_t t0 = 0; t0 < a.tokens; t0 += chunk_tokens) {
     const uint64_t n = std::min<uint64_t>(chunk_tokens, a.tokens - t0);
     const uint64_t off = t0 * row_bytes;
-    void* sum = dest == Dest::kAllreduceOut  ? at(a.allreduce_out, off)
-                : dest == Dest::kResidualOut ? at(a.residual_out, off)
-                                             : ws->scratch;
-    s = all_reduce(*ws, at(a.input, off), sum, n * a.hidden, a.dtype, stream);
-    if (!s.ok()) return report(s);
+    if (single) {
+      // The epilogue reads the input as the sum (each thread reads an
+      // element before it writes it, so any in-place output is safe) and
+      // copies it to allreduce_out unless that is the input itself.
+      e.sum = at(a.input, off);
+      e.allreduce_out = a.allreduce_out == a.input ? nullptr : at(a.allreduce_out, off);
+    } else {
+      void* sum = dest == Dest::kAllreduceOut  ? at(a.allreduce_out, off)
+                  : dest == Dest::kResidualOut ? at(a.residual_out, off)
+                                               : ws->scratch;
+      s = all_reduce(*ws, at(a.input, off), sum, n * a.hidden, a.dtype, stream);
+      if (!s.ok()) return report(s);
+      e.sum = sum;
+      e.allreduce_out = dest == Dest::kAllreduceOut ? nullptr : at(a.allreduce_out, off);
+    }
     e.tokens = static_cast<uint32_t>(n);
-    e.sum = sum;
-    e.allreduce_out = dest == Dest::kAllreduceOut ? nullptr : at(a.allreduce_out, off);
     e.residual_in = at(a.residual_in, off);
     e.residual_out = at(a.residual_out, off);
     e.norm_out = at(a.norm_out, off);
