@@ -5,6 +5,7 @@
 
 #include "bootstrap_group.h"
 #include "bootstrap_ucx_abi.h"
+#include "module_dir.h"
 
 namespace arbiter::bootstrap {
 namespace {
@@ -44,6 +45,7 @@ int32_t join(const arbiter_bootstrap_ucx_options* o, void** group) {
     options.master_port = o->master_port;
     options.job_token = o->job_token ? o->job_token : "";
     options.timeout = std::chrono::milliseconds(o->timeout_ms);
+    confine_ucx_modules();
     *group = StarGroup::join(options).release();
     return int32_t{ARBITER_OK};
   });
