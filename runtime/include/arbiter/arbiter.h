@@ -24,6 +24,10 @@ typedef struct arbiter_comm arbiter_comm;
 /* Message of the last failure on this thread ("" when none). */
 const char* arbiter_last_error(void);
 
+/* The version of this library, e.g. "0.1.0" (the project version; the
+ * `arbiter` program's --version and the Python package's __version__). */
+const char* arbiter_version(void);
+
 /* The embedded default tables, layered with ARBITER_CONFIG and restricted by
  * ARBITER_BACKENDS. */
 int32_t arbiter_policy_from_environment(arbiter_policy** out);
