@@ -20,10 +20,11 @@ namespace {
 
 const std::string kFakes = ARBITER_FAKE_NCCL_DIR;  // a/ b/ c/ d/ real_a/ real_b/ module/
 const std::string kTestSoname = "libarbiter-test-nccl.so.2";
-// ASan (scripts/test-hardening.sh) must come first; LD_PRELOAD puts a fake first.
+// ASan (scripts/test-hardening.sh) wants to come first and LD_PRELOAD puts a
+// fake first: relax that check, keeping the caller's other ASan options.
 const std::string kEnv =
     "env -u ARBITER_NCCL_LIBRARY -u LD_PRELOAD -u LD_LIBRARY_PATH "
-    "ASAN_OPTIONS=verify_asan_link_order=0 ";
+    "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0\" ";
 
 std::string dir(const std::string& name) { return kFakes + "/" + name; }
 
