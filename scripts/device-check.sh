@@ -388,7 +388,7 @@ print(len(tests), len(py), ",".join(exe) or "-", " ".join(t["name"] for t in py)
     else
       echo "=== scripts/device-wheel.sh $wheel_file" >>"$out/examples.log"
       step "$name" "$out/examples.log" "$(budget 240 150)" env -u LD_LIBRARY_PATH -u UCX_MODULE_DIR \
-        "$root/scripts/device-wheel.sh" "$prebuilt/$wheel_file" || failed=1
+        "$root/scripts/device-wheel.sh" "$prebuilt/$wheel_file" "${ARBITER_PYTHON:-python3}" || failed=1
     fi
 
     # The C++ example on the GPU, once it has a mode for it (--help says).
