@@ -100,7 +100,9 @@ auditwheel show "$repaired" > "$work/show.log" 2>&1 || { cat "$work/show.log"; d
 tag=$(tr '\n' ' ' < "$work/show.log" | grep -o 'platform tag: "[^"]*"' | head -n1)
 [[ $tag == *manylinux_2_34_x86_64* ]] || { cat "$work/show.log"; die "not manylinux_2_34: $tag"; }
 echo "  $(basename "$repaired") $(mib "$repaired"); auditwheel show: consistent with the $tag"
-echo "  carried: $(unzip -Z1 "$repaired" | grep -E '\.libs/.' | xargs -n1 basename | tr '\n' ' ')"
+carried=$("$python" -c 'import sys, zipfile; print(" ".join(n.split("/")[-1] for n in
+  zipfile.ZipFile(sys.argv[1]).namelist() if ".libs/" in n and not n.endswith("/")))' "$repaired")
+echo "  carried: $carried"
 
 step "fresh venv outside the tree; install the wheel; pytest and numpy for the tests"
 venv=$work/venv
