@@ -96,10 +96,20 @@ else
 fi
 step "auditwheel show"
 repaired=$(echo "$work"/repaired/*.whl)
-auditwheel show "$repaired" > "$work/show.log" 2>&1 || { cat "$work/show.log"; die "auditwheel show"; }
-tag=$(tr '\n' ' ' < "$work/show.log" | grep -o 'platform tag: "[^"]*"' | head -n1)
-[[ $tag == *manylinux_2_34_x86_64* ]] || { cat "$work/show.log"; die "not manylinux_2_34: $tag"; }
-echo "  $(basename "$repaired") $(mib "$repaired"); auditwheel show: consistent with the $tag"
+# The symbols must allow manylinux_2_34, and nothing may come from outside but
+# libnccl.so.2 (the GPU wheel's nccl module: found at run time, never carried,
+# so show calls that wheel linux_x86_64 overall).
+auditwheel show --json "$repaired" > "$work/show.json" 2> "$work/show.log" ||
+  { cat "$work/show.log"; die "auditwheel show"; }
+tags=$("$python" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+outside = sorted(set(d["external_libs"]) - {"libnccl.so.2"})
+print(d["sym_tag"], d["overall_tag"], ",".join(outside) or "-")' "$work/show.json")
+read -r sym_tag overall_tag outside <<< "$tags"
+[ "$sym_tag" = manylinux_2_34_x86_64 ] && [ "$outside" = - ] ||
+  { cat "$work/show.json"; die "auditwheel show: symbols $sym_tag, external libraries $outside"; }
+echo "  $(basename "$repaired") $(mib "$repaired"); auditwheel show: symbols $sym_tag, overall $overall_tag"
 carried=$("$python" -c 'import sys, zipfile; print(" ".join(n.split("/")[-1] for n in
   zipfile.ZipFile(sys.argv[1]).namelist() if ".libs/" in n and not n.endswith("/")))' "$repaired")
 echo "  carried: $carried"
