@@ -96,6 +96,9 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     const char* e = dlerror();
     const std::string error = e ? e : "dlopen failed";
     if (nccl && !nccl->found) return record(nccl->reason + " (loading the module: " + error + ")");
+    if (nccl) {
+      return record("cannot load: " + error + " (with " + nccl_search::describe(*nccl) + ")");
+    }
     return record("cannot load: " + error);
   }
   if (nccl && !nccl->found) {
