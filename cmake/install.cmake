@@ -4,16 +4,20 @@
 #   include/arbiter/...                      policy, runtime and backends/common headers
 #   include/arbiter_backend.h                the plugin ABI (included as "arbiter_backend.h")
 #   <libdir>/libarbiter_policy.so            tables, decide, explain (yaml-cpp inside)
-#   <libdir>/libarbiter_runtime.so           registry, bootstrap, communicator, C API (UCX inside)
+#   <libdir>/libarbiter_runtime.so           registry, bootstrap, communicator, C API
+#   <libdir>/libarbiter_bootstrap_ucx.so     the bootstrap's UCX side, loaded on first join
 #   <libdir>/arbiter/libarbiter-*.so         backend modules, installed by arbiter_add_backend
 #   <libdir>/cmake/arbiter/                  find_package(arbiter)
 #   <libdir>/pkgconfig/arbiter.pc            pkg-config --cflags --libs arbiter
-#   lib/python3/dist-packages/arbiter/       the ctypes binding (ARBITER_INSTALL_PYTHONDIR)
+#   lib/python3/dist-packages/arbiter/       the ctypes binding (ARBITER_INSTALL_PYTHONDIR),
+#                                            with _install.py and _version.py written here
 #   share/arbiter/default.yaml, schema/      the tables every consumer starts from
 #
 # Everything locates its neighbours relative to itself (RUNPATH $ORIGIN, the
 # runtime's <dir of libarbiter_runtime>/arbiter plugin folder, a relocatable
 # package config and .pc), so a prefix can be moved or unpacked anywhere.
+# The Python wheel (ARBITER_WHEEL, cmake/wheel.cmake) is the same layout
+# under site-packages/arbiter/, with unversioned library names.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -43,17 +47,22 @@ endfunction()
 
 # Libraries: libarbiter_runtime finds libarbiter_policy next to itself; the
 # program finds both in <libdir>. INSTALL_RPATH_USE_LINK_PATH keeps
-# dependencies that live outside the system folders (a UCX in /opt).
+# dependencies that live outside the system folders (a UCX in /opt); a wheel
+# names no folder of the machine that built it.
 set(ARBITER_SO_VERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
 set(arbiter_installed_libraries arbiter_policy)
 if(TARGET arbiter_runtime)
   list(APPEND arbiter_installed_libraries arbiter_runtime)
 endif()
 set_target_properties(${arbiter_installed_libraries} PROPERTIES
-  VERSION ${PROJECT_VERSION}
-  SOVERSION ${ARBITER_SO_VERSION}
   INSTALL_RPATH "$ORIGIN"
-  INSTALL_RPATH_USE_LINK_PATH ON)
+  INSTALL_RPATH_USE_LINK_PATH ${ARBITER_INSTALL_RPATH_USE_LINK_PATH})
+# A wheel holds no symbolic links (pip would install three copies of each).
+if(NOT ARBITER_WHEEL)
+  set_target_properties(${arbiter_installed_libraries} PROPERTIES
+    VERSION ${PROJECT_VERSION}
+    SOVERSION ${ARBITER_SO_VERSION})
+endif()
 set_target_properties(arbiter_policy PROPERTIES EXPORT_NAME policy)
 if(TARGET arbiter_runtime)
   set_target_properties(arbiter_runtime PROPERTIES EXPORT_NAME runtime)
@@ -73,6 +82,12 @@ install(TARGETS ${arbiter_installed_libraries} arbiter_backend_abi
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# Next to the runtime, which dlopens it from there (not exported: private).
+if(TARGET arbiter_bootstrap_ucx)
+  set_target_properties(arbiter_bootstrap_ucx PROPERTIES
+    INSTALL_RPATH_USE_LINK_PATH ${ARBITER_INSTALL_RPATH_USE_LINK_PATH})
+  install(TARGETS arbiter_bootstrap_ucx LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/policy/include/arbiter
                   ${PROJECT_SOURCE_DIR}/runtime/include/arbiter
@@ -86,7 +101,7 @@ if(TARGET arbiter)
   arbiter_relative_path(bin_to_lib ${CMAKE_INSTALL_BINDIR} ${CMAKE_INSTALL_LIBDIR})
   set_target_properties(arbiter PROPERTIES
     INSTALL_RPATH "$ORIGIN/${bin_to_lib}"
-    INSTALL_RPATH_USE_LINK_PATH ON)
+    INSTALL_RPATH_USE_LINK_PATH ${ARBITER_INSTALL_RPATH_USE_LINK_PATH})
   install(TARGETS arbiter RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 
@@ -132,14 +147,20 @@ endforeach()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/arbiter.pc.in ${PROJECT_BINARY_DIR}/arbiter.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/arbiter.pc DESTINATION ${ARBITER_PC_DIR})
 
-# The Python binding (pure Python over the C API) and where it finds the
-# library from there.
+# The Python binding (pure Python over the C API), where it finds the library
+# and the program from there, and the project version.
 arbiter_relative_path(ARBITER_PY_TO_LIBDIR ${ARBITER_INSTALL_PYTHONDIR}/arbiter
                       ${CMAKE_INSTALL_LIBDIR})
+arbiter_relative_path(ARBITER_PY_TO_BINDIR ${ARBITER_INSTALL_PYTHONDIR}/arbiter
+                      ${CMAKE_INSTALL_BINDIR})
 file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/python/_install.py
-  CONTENT "# Written by cmake/install.cmake. Where the installed library lies,\n\
-# relative to this package.\nLIBDIR = \"@ARBITER_PY_TO_LIBDIR@\"\n" @ONLY)
+  CONTENT "# Written by cmake/install.cmake. Where the installed library and program\n\
+# lie, relative to this package.\nLIBDIR = \"@ARBITER_PY_TO_LIBDIR@\"\nBINDIR = \"@ARBITER_PY_TO_BINDIR@\"\n"
+  @ONLY)
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/python/_version.py
+  CONTENT "# Written by cmake/install.cmake from project(arbiter VERSION ...).\n\
+__version__ = \"@PROJECT_VERSION@\"\n" @ONLY)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/arbiter DESTINATION ${ARBITER_INSTALL_PYTHONDIR}
   PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE)
-install(FILES ${PROJECT_BINARY_DIR}/python/_install.py
+install(FILES ${PROJECT_BINARY_DIR}/python/_install.py ${PROJECT_BINARY_DIR}/python/_version.py
   DESTINATION ${ARBITER_INSTALL_PYTHONDIR}/arbiter)

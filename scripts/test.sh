@@ -7,4 +7,5 @@ scripts/build.sh
 export BOOST_TEST_COLOR_OUTPUT=no
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)"
 scripts/test-install.sh   # install into a temporary prefix; consumers: CMake, pkg-config, Python
+scripts/test-wheel.sh     # pip's wheel (CPU) from a clean clone, in a fresh venv, system libraries hidden
 scripts/test-hardening.sh  # clang: libFuzzer targets, ctest -L cpu under ASan+UBSan, TSan

@@ -1,5 +1,6 @@
 // arbiter plugins: every backend module found, its ABI version, and whether
-// it is available here or why not.
+// it is available here or why not; then the backends this build does not
+// carry, and why.
 #include <iostream>
 #include <vector>
 
@@ -36,6 +37,12 @@ int cmd_plugins(const Args& args) {
   auto kind = [](const ModuleInfo& m) -> std::string {
     return m.caps.device_kind == ARBITER_DEVICE_CPU ? "cpu" : "gpu";
   };
+  std::vector<AbsentModule> absent;
+  for (const AbsentModule& a : Registry::not_built()) {
+    bool found = false;
+    for (const ModuleInfo& m : modules) found = found || m.name == a.name;
+    if (!found) absent.push_back(a);
+  }
   if (vm["json"].as<bool>()) {
     std::string out = "[";
     bool first = true;
@@ -54,6 +61,24 @@ int cmd_plugins(const Args& args) {
         o.null("device");
         o.str("reason", m.reason);
       }
+      if (m.dependency.empty()) {
+        o.null("dependency");
+      } else {
+        o.str("dependency", m.dependency);
+      }
+      o.close();
+    }
+    for (const AbsentModule& a : absent) {
+      if (!first) out += ",";
+      first = false;
+      JsonObject o(out);
+      o.str("name", a.name);
+      o.null("path");
+      o.num("abi_version", 0);
+      o.boolean("available", false);
+      o.null("device");
+      o.str("reason", a.reason);
+      o.null("dependency");
       o.close();
     }
     std::cout << out << "]\n";
@@ -62,13 +87,15 @@ int cmd_plugins(const Args& args) {
   if (modules.empty()) {
     std::cout << "no backend modules found (searched ARBITER_PLUGIN_PATH and "
               << Registry::default_plugin_folder() << ")\n";
-    return kExitOk;
   }
   for (const ModuleInfo& m : modules) {
     std::cout << m.name << "  ABI v" << m.abi_version << "  "
               << (m.available ? "available (" + kind(m) + " ranks)" : "unavailable: " + m.reason)
-              << "  (" << m.path << ")\n";
+              << "  (" << m.path << ")";
+    if (!m.dependency.empty()) std::cout << "  [" << m.dependency << "]";
+    std::cout << "\n";
   }
+  for (const AbsentModule& a : absent) std::cout << a.name << "  " << a.reason << "\n";
   return kExitOk;
 }
 

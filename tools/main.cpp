@@ -27,7 +27,7 @@ constexpr const char* kUsage =
     "  plot      latency charts (SVG) from benchmark results, with the tables' decisions\n"
     "  bench     measure every backend and algorithm on every rank (results CSV for tune)\n"
     "\n"
-    "Run `arbiter COMMAND --help` for a command's options.\n"
+    "Run `arbiter COMMAND --help` for a command's options; `arbiter --version` for the version.\n"
     "Environment: ARBITER_CONFIG (site tables, ':'-separated),\n"
     "             ARBITER_BACKENDS (comma list restricting the backends),\n"
     "             ARBITER_PLUGIN_PATH (backend module folders, ':'-separated).\n";
@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
     if (command == "bench") return cmd_bench(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::cout << kUsage;
+      return kExitOk;
+    }
+    if (command == "--version" || command == "-V") {
+      std::cout << "arbiter " << ARBITER_VERSION << "\n";
       return kExitOk;
     }
     std::cerr << "arbiter: unknown command '" << command << "'\n\n" << kUsage;

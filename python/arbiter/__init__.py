@@ -28,14 +28,20 @@ registers torch.ops.arbiter.allreduce_fusion, which torch.compile traces
 (see docs/integration.md, PyTorch).
 
 The library is found through ARBITER_LIBRARY (the file or its folder), then
-next to this package, then in the prefix this package was installed into,
-then on the system's library path. Failures raise ArbiterError, whose
-message is the C API's arbiter_last_error().
+next to this package, then where the install put it (the wheel: inside this
+package; `cmake --install`: the prefix's library folder), then on the
+system's library path. Failures raise ArbiterError, whose message is the C
+API's arbiter_last_error().
+
+__version__ is the project version (as `arbiter --version` prints it);
+cmake_prefix_path is the folder to put on CMAKE_PREFIX_PATH for a C++
+project's find_package(arbiter) against this install (None when this package
+is a source tree).
 """
 
 from __future__ import annotations
 
-from ._library import library_path
+from ._library import installed_folder, library_path
 from .communicator import Communicator, FusionResult
 from .errors import ArbiterError, Status
 from .policy import (
@@ -51,6 +57,22 @@ from .policy import (
     parse_size,
 )
 
+try:
+    from ._version import __version__  # written by the install (cmake --install, the wheel)
+except ImportError:  # a source tree on PYTHONPATH: ask the library when asked
+
+    def __getattr__(name: str):
+        if name == "__version__":
+            from ._library import version
+
+            return version()
+        raise AttributeError(f"module 'arbiter' has no attribute {name!r}")
+
+
+_libdir = installed_folder("LIBDIR")
+cmake_prefix_path = None if _libdir is None else f"{_libdir}/cmake"
+del _libdir
+
 __all__ = [
     "ArbiterError",
     "Communicator",
@@ -61,6 +83,7 @@ __all__ = [
     "Policy",
     "Request",
     "Status",
+    "cmake_prefix_path",
     "element_size",
     "from_environment",
     "library_path",

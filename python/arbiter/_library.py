@@ -4,8 +4,9 @@ Search order, first hit wins:
   1. ARBITER_LIBRARY: the library file, or the folder that holds it. When it
      is set and does not load, that is an error (no silent fallback).
   2. Next to the package: in the package folder, then its parent folder.
-  3. The installed prefix: `cmake --install` writes _install.py into the
-     installed package with the path from there to <prefix>/<libdir>.
+  3. Where the install put it: `cmake --install` and the wheel write
+     _install.py into the installed package with the path from there to the
+     library's folder (the wheel: arbiter/lib, inside the package).
   4. ctypes.util.find_library("arbiter_runtime"): the system's library path.
 """
 
@@ -165,6 +166,8 @@ def fusion_call(lib: ctypes.CDLL):
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.arbiter_last_error.argtypes = []
     lib.arbiter_last_error.restype = c_char_p
+    lib.arbiter_version.argtypes = []
+    lib.arbiter_version.restype = c_char_p
     lib.arbiter_policy_from_environment.argtypes = [POINTER(c_void_p)]
     lib.arbiter_policy_from_environment.restype = c_int32
     lib.arbiter_policy_load.argtypes = [POINTER(c_char_p), c_size_t, c_char_p, POINTER(c_void_p)]
@@ -228,15 +231,27 @@ def _in_folder(folder: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(folder), LIBRARY_NAME + ".*")))
 
 
-def _candidates() -> list[str]:
-    package = os.path.dirname(os.path.abspath(__file__))
-    found = _in_folder(package) + _in_folder(os.path.dirname(package))
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def installed_folder(kind: str) -> str | None:
+    """The install's folder of `kind` ("LIBDIR" or "BINDIR"), from _install.py.
+
+    None when this package was not installed (a source tree on PYTHONPATH).
+    """
     try:
-        from . import _install  # written by cmake --install only
+        from . import _install  # written by cmake --install (and so by the wheel's build)
     except ImportError:
-        _install = None
-    if _install is not None:
-        found += _in_folder(os.path.normpath(os.path.join(package, _install.LIBDIR)))
+        return None
+    relative = getattr(_install, kind, None)
+    return os.path.normpath(os.path.join(_PACKAGE, relative)) if relative else None
+
+
+def _candidates() -> list[str]:
+    found = _in_folder(_PACKAGE) + _in_folder(os.path.dirname(_PACKAGE))
+    libdir = installed_folder("LIBDIR")
+    if libdir is not None:
+        found += _in_folder(libdir)
     return found
 
 
@@ -290,6 +305,11 @@ def library_path() -> str:
     library()
     assert _loaded is not None
     return _loaded[1]
+
+
+def version() -> str:
+    """The loaded library's version (arbiter_version()), e.g. "0.1.0"."""
+    return library().arbiter_version().decode("ascii")
 
 
 def last_error(lib: ctypes.CDLL) -> str:

@@ -1,9 +1,10 @@
 // arbiter::Bootstrap and its C view (arbiter_oob).
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "arbiter/bootstrap.h"
-#include "bootstrap_group.h"
+#include "bootstrap_ucx_loader.h"
 
 namespace arbiter {
 
@@ -16,6 +17,49 @@ int32_t record(const BootstrapStatus& status) {
   if (!status.ok()) t_last_error = status.message;
   return status.code;
 }
+
+// A joined group of several ranks in libarbiter_bootstrap_ucx.so.
+class UcxGroup {
+ public:
+  // Loads the library (BootstrapError when UCX is missing) and joins.
+  explicit UcxGroup(const BootstrapOptions& o) : ucx_(bootstrap::ucx_library()) {
+    const arbiter_bootstrap_ucx_options c{o.rank,
+                                          o.world_size,
+                                          o.local_rank,
+                                          o.master_addr.c_str(),
+                                          o.master_port,
+                                          o.job_token.c_str(),
+                                          static_cast<int64_t>(o.timeout.count())};
+    const int32_t code = ucx_.join(&c, &group_);
+    if (code != ARBITER_OK) {
+      throw BootstrapError(static_cast<arbiter_status>(code), ucx_.last_error());
+    }
+  }
+  UcxGroup(const UcxGroup&) = delete;
+  UcxGroup& operator=(const UcxGroup&) = delete;
+  ~UcxGroup() { ucx_.leave(group_); }
+
+  BootstrapStatus allgather(const void* send, void* recv, std::size_t bytes,
+                            std::chrono::milliseconds timeout) {
+    return status(ucx_.allgather(group_, send, recv, bytes, timeout.count()));
+  }
+  BootstrapStatus broadcast(void* buf, std::size_t bytes, int root,
+                            std::chrono::milliseconds timeout) {
+    return status(ucx_.broadcast(group_, buf, bytes, root, timeout.count()));
+  }
+  BootstrapStatus barrier(std::chrono::milliseconds timeout) {
+    return status(ucx_.barrier(group_, timeout.count()));
+  }
+
+ private:
+  BootstrapStatus status(int32_t code) const {
+    if (code == ARBITER_OK) return {};
+    return {static_cast<arbiter_status>(code), ucx_.last_error()};
+  }
+
+  const arbiter_bootstrap_ucx_v1_t& ucx_;
+  void* group_ = nullptr;
+};
 
 }  // namespace
 
@@ -32,7 +76,7 @@ class Bootstrap::Impl {
   }
 
   BootstrapOptions options_;
-  std::unique_ptr<bootstrap::StarGroup> group_;  // null for a world of one
+  std::unique_ptr<UcxGroup> group_;  // null for a world of one
   arbiter_oob oob_{};
 
   BootstrapStatus allgather(const void* send, void* recv, std::size_t bytes,
@@ -132,7 +176,7 @@ Bootstrap Bootstrap::connect(const BootstrapOptions& options) {
   if (options.world_size > 1) {
     if (options.master_port == 0) invalid("MASTER_PORT must be set (1..65535)");
     if (options.master_addr.empty()) invalid("MASTER_ADDR must be set");
-    impl->group_ = bootstrap::StarGroup::join(options);
+    impl->group_ = std::make_unique<UcxGroup>(options);
   }
   return Bootstrap(std::move(impl));
 }

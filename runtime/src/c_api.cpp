@@ -103,6 +103,8 @@ extern "C" {
 
 const char* arbiter_last_error(void) { return g_last_error.c_str(); }
 
+const char* arbiter_version(void) { return ARBITER_VERSION; }
+
 const char* arbiter_backend_name(uint32_t backend) {
   return backend < arbiter::kBackendCount
              ? arbiter::backend_name(static_cast<arbiter::Backend>(backend)).data()

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string_view>
 
+#include "nccl_library.h"
+
 namespace arbiter {
 namespace {
 
@@ -53,10 +55,14 @@ struct Registry::Impl {
   const arbiter_backend_v1_t* by_backend[kBackendCount] = {};
   int index_of[kBackendCount] = {-1, -1, -1, -1};
 
-  void load(const fs::path& path, const arbiter_probe_args& probe);
+  void load(const fs::path& path, const DiscoverOptions& options);
+  void keep_open(void* dl) {
+    handles.push_back(std::make_unique<Handle>());
+    handles.back()->dl = dl;
+  }
 };
 
-void Registry::Impl::load(const fs::path& path, const arbiter_probe_args& probe) {
+void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) {
   ModuleInfo info;
   info.path = path.string();
   info.name = path.stem().string().substr(std::string_view("libarbiter-").size());
@@ -72,13 +78,35 @@ void Registry::Impl::load(const fs::path& path, const arbiter_probe_args& probe)
     if (fs::equivalent(m.path, path, ec)) return;
     if (m.name == info.name) return record("shadowed by " + m.path);
   }
+  // nccl needs libnccl.so.2: chosen first (nccl_library.h), so that its
+  // DT_NEEDED binds to that file.
+  std::optional<nccl_search::NcclChoice> nccl;
+  if (info.name == "nccl") {
+    nccl = nccl_search::find_nccl({options.nccl_library, options.nccl_wheel_folders});
+    if (nccl->found) {
+      keep_open(nccl->handle);
+    } else if (!options.nccl_library.empty()) {
+      return record(nccl->reason);
+    }
+  }
   auto handle = std::make_unique<Handle>();
   dlerror();
   handle->dl = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle->dl) {
     const char* e = dlerror();
-    return record(std::string("cannot load: ") + (e ? e : "dlopen failed"));
+    const std::string error = e ? e : "dlopen failed";
+    if (nccl && !nccl->found) return record(nccl->reason + " (loading the module: " + error + ")");
+    if (nccl) {
+      return record("cannot load: " + error + " (with " + nccl_search::describe(*nccl) + ")");
+    }
+    return record("cannot load: " + error);
   }
+  if (nccl && !nccl->found) {
+    // Its RUNPATH found one (the toolkit's, in a build tree).
+    nccl = nccl_search::loaded_by_module();
+    if (nccl->found) keep_open(nccl->handle);
+  }
+  if (nccl && nccl->found) info.dependency = nccl_search::describe(*nccl);
   const arbiter_backend_v1_t* entry = nullptr;
   for (std::uint32_t v : kKnownVersions) {
     const std::string symbol = "arbiter_backend_v" + std::to_string(v);
@@ -121,7 +149,7 @@ void Registry::Impl::load(const fs::path& path, const arbiter_probe_args& probe)
   }
   info.backend = *which.value;
   arbiter_backend_caps caps{};
-  const std::int32_t status = entry->probe(&probe, &caps);
+  const std::int32_t status = entry->probe(&options.probe, &caps);
   if (status != ARBITER_OK) return record("probe failed: " + module_error(entry));
   info.caps = caps;
   by_backend[static_cast<int>(*which.value)] = entry;
@@ -134,6 +162,13 @@ DiscoverOptions DiscoverOptions::from_environment() {
   DiscoverOptions o;
   if (const char* p = std::getenv("ARBITER_PLUGIN_PATH"); p && *p) o.search_path = split(p, ':');
   if (const char* l = std::getenv("LOCAL_RANK"); l && *l) o.probe.device = std::atoi(l);
+  if (const char* n = std::getenv("ARBITER_NCCL_LIBRARY"); n && *n) o.nccl_library = n;
+  // ARBITER_NCCL_WHEEL_DIR: where pip puts nvidia-nccl-cu13, relative to this
+  // library's folder; set by the wheel's build (<site-packages>/arbiter/lib).
+  if (const std::string wheel = ARBITER_NCCL_WHEEL_DIR; !wheel.empty()) {
+    const std::string here = fs::path(Registry::default_plugin_folder()).parent_path().string();
+    if (!here.empty()) o.nccl_wheel_folders.push_back((fs::path(here) / wheel).string());
+  }
   return o;
 }
 
@@ -155,7 +190,7 @@ Registry Registry::discover(const DiscoverOptions& options) {
     std::error_code ec;
     const fs::path p(place);
     if (fs::is_regular_file(p, ec)) {
-      impl->load(p, options.probe);
+      impl->load(p, options);
       continue;
     }
     if (!fs::is_directory(p, ec)) continue;
@@ -164,9 +199,19 @@ Registry Registry::discover(const DiscoverOptions& options) {
       if (is_module_file(entry.path())) files.push_back(entry.path());
     }
     std::sort(files.begin(), files.end());
-    for (const fs::path& f : files) impl->load(f, options.probe);
+    for (const fs::path& f : files) impl->load(f, options);
   }
   return Registry(std::move(impl));
+}
+
+std::vector<AbsentModule> Registry::not_built() {
+  // ARBITER_MODULES_NOT_BUILT: "name=reason|name=reason", from the build.
+  std::vector<AbsentModule> out;
+  for (const std::string& entry : split(ARBITER_MODULES_NOT_BUILT, '|')) {
+    const auto at = entry.find('=');
+    if (at != std::string::npos) out.push_back({entry.substr(0, at), entry.substr(at + 1)});
+  }
+  return out;
 }
 
 Registry::Registry(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

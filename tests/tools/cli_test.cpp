@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <fstream>
+#include <map>
 
 #include "json.h"
 #include "run_command.h"
@@ -225,8 +226,10 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
   const Json j = JsonReader::parse(r.output);
   BOOST_REQUIRE(j.kind == Json::Kind::kArray);
   bool saw_shm = false;
+  std::map<std::string, int> listed;
   for (const Json& m : j.array) {
     BOOST_TEST(m.has("name"));
+    ++listed[m["name"].string];
     BOOST_TEST(m["abi_version"].is_integer());
     BOOST_TEST((m["available"].kind == Json::Kind::kBool));
     if (!m["available"].boolean) BOOST_TEST(!m["reason"].string.empty());
@@ -237,6 +240,10 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
     }
   }
   BOOST_TEST(saw_shm, r.output);
+  // Every backend appears once: found on disk, or not in this build with why.
+  for (const char* name : {"shm", "nccl", "trtllm", "mnnvl"}) {
+    BOOST_TEST(listed[name] == 1, name << " in\n" << r.output);
+  }
   // A folder of broken modules on ARBITER_PLUGIN_PATH is reported, not fatal.
   const CommandResult broken =
       run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" + std::string(ARBITER_PLUGIN_DIR) + " " +

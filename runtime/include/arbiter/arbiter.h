@@ -24,6 +24,10 @@ typedef struct arbiter_comm arbiter_comm;
 /* Message of the last failure on this thread ("" when none). */
 const char* arbiter_last_error(void);
 
+/* The version of this library, e.g. "0.1.0" (the project version; the
+ * `arbiter` program's --version and the Python package's __version__). */
+const char* arbiter_version(void);
+
 /* The embedded default tables, layered with ARBITER_CONFIG and restricted by
  * ARBITER_BACKENDS. */
 int32_t arbiter_policy_from_environment(arbiter_policy** out);
@@ -120,7 +124,8 @@ int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy
  * with ARBITER_INVALID_ARGUMENT. A GPU rank (capability != 0) with
  * options->device < 0 uses LOCAL_RANK. The join waits up to
  * options->timeout_ms (0: 60 s) unless ARBITER_BOOTSTRAP_TIMEOUT says
- * otherwise. */
+ * otherwise. UCX is loaded on the first join of several ranks: without a
+ * usable UCX this returns ARBITER_UNAVAILABLE saying what to install. */
 int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
                                              const arbiter_comm_options* options,
                                              arbiter_comm** out);

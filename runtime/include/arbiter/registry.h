@@ -25,6 +25,16 @@ struct ModuleInfo {
   std::string reason;              // why not available; empty when available
   std::optional<Backend> backend;  // the policy's backend this module serves
   arbiter_backend_caps caps{};     // valid when available
+  // The system library the module runs on, when it has one: for nccl
+  // "libnccl.so.2 2.28.3 (/path; how it was found)". Empty otherwise.
+  std::string dependency;
+};
+
+// A backend this build of arbiter did not produce, and why (e.g. no CUDA
+// compiler at build time).
+struct AbsentModule {
+  std::string name;
+  std::string reason;
 };
 
 struct DiscoverOptions {
@@ -37,8 +47,19 @@ struct DiscoverOptions {
   // What probe() is asked about: the rank's device kind and CUDA ordinal
   // (LOCAL_RANK; -1 for CPU ranks).
   arbiter_probe_args probe{ARBITER_DEVICE_GPU, 0};
+  // Where the nccl module's libnccl.so.2 comes from, first hit wins: one this
+  // process has already loaded (torch's); nccl_library (a file, or a folder
+  // holding libnccl.so.2; when set and unusable the module is unavailable,
+  // never a silent fallback); each of nccl_wheel_folders (pip's
+  // nvidia-nccl-cu13 wheel, <site-packages>/nvidia/nccl/lib); the system's
+  // library path. When none is found the module is unavailable with that
+  // reason, and the other modules are unaffected.
+  std::string nccl_library;
+  std::vector<std::string> nccl_wheel_folders;
 
-  // search_path from ARBITER_PLUGIN_PATH; probe.device from LOCAL_RANK.
+  // search_path from ARBITER_PLUGIN_PATH; probe.device from LOCAL_RANK;
+  // nccl_library from ARBITER_NCCL_LIBRARY; nccl_wheel_folders: the wheel's
+  // folder beside this install when arbiter itself is installed as a wheel.
   static DiscoverOptions from_environment();
 };
 
@@ -61,6 +82,9 @@ class Registry {
 
   // The folder the runtime looks in by default.
   static std::string default_plugin_folder();
+  // The backends this build did not produce, with the reason (fixed at
+  // build time); a module of that name found on disk is still loaded.
+  static std::vector<AbsentModule> not_built();
 
  private:
   struct Impl;
