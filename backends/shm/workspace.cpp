@@ -182,8 +182,8 @@ Status fault_status(const Fault& fault, std::int32_t self, bool self_aborted,
       return {ARBITER_PEER_FAILED,
               prefix + who + " gave up after " + std::to_string(timeout_ms) + " ms waiting for " +
                   (fault.culprit < 0 ? std::string("a peer") : rank_text(fault.culprit)) +
-                  " (alive but not arriving: stopped, hung, or making a different call) " + when +
-                  kNoLongerUsable};
+                  " (it did not arrive: stopped, hung, or making a call the others do not make) " +
+                  when + kNoLongerUsable};
     }
   }
 }
@@ -202,11 +202,11 @@ Status Workspace::wait_failed(WaitState state, const Backoff& backoff, std::int3
   };
   if (state == WaitState::kTimedOut && !aborted()) {
     record(FaultKind::kTimeout, awaited);
-    return {ARBITER_TIMEOUT, prefix + "timed out after " + std::to_string(timeout_ms_) +
-                                 " ms waiting for " + what +
-                                 " (alive but not arriving: stopped, hung, or making a different "
-                                 "call)" +
-                                 kNoLongerUsable};
+    return {ARBITER_TIMEOUT,
+            prefix + "timed out after " + std::to_string(timeout_ms_) + " ms waiting for " + what +
+                " (it did not arrive: stopped, hung, or making a call the others do not "
+                "make)" +
+                kNoLongerUsable};
   }
   if (state == WaitState::kPeerDied && !aborted()) {
     const std::int32_t dead = backoff.dead_peer();
