@@ -139,9 +139,8 @@ Status Workspace::barrier(Backoff& backoff, const char* what) {
     while (flag.load(std::memory_order_acquire) == not_arrived) {
       const WaitState state = backoff.pause(flag_word(peer), not_arrived, peer);
       if (state != WaitState::kKeepWaiting) {
-        return wait_failed(
-            state, backoff, peer,
-            std::string(what) + " (rank " + std::to_string(peer) + " has not arrived)");
+        return wait_failed(state, backoff, peer,
+                           "rank " + std::to_string(peer) + " at " + std::string(what));
       }
     }
     backoff.progress();
@@ -229,7 +228,7 @@ Status Workspace::usable() {
   }
   return fault_status(decode_fault(word), rank_, aborted(), timeout_ms_,
                       "shm rank " + std::to_string(rank_) + ", call " + std::to_string(call) + ": ",
-                      "in an earlier call");
+                      "before this call");
 }
 
 void Workspace::abort() {
