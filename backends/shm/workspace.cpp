@@ -104,6 +104,13 @@ void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t v
 
 Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::CallSignature& mine,
                        Backoff& backoff, const char* what) {
+  // Every peer is awaited even once a difference is known: a rank leaves a
+  // call only after every peer has joined it, that is, left the call
+  // before. Returning at the first difference let a rank refuse the next
+  // call after meeting one peer only, start the call after that, and
+  // overwrite its line of this parity before a slow peer had read it.
+  std::int32_t differs = -1;
+  common::CallSignature theirs{};
   for (std::int32_t peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
     if (Status s = await_line(parity, peer, 0, value, backoff,
@@ -112,14 +119,18 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
       return s;
     }
     // The acquire above orders this read after the peer's store of it.
-    const common::CallSignature theirs = oneshot_sequence(parity, peer, 0)->call;
-    if (!common::same_call(mine, theirs)) [[unlikely]] {
-      return {ARBITER_MISMATCH, "shm rank " + std::to_string(rank_) + ": " +
-                                    common::mismatch_message(
-                                        common::call_difference(mine, rank_, theirs, peer), call)};
+    const common::CallSignature& line = oneshot_sequence(parity, peer, 0)->call;
+    if (differs < 0 && !common::same_call(mine, line)) [[unlikely]] {
+      differs = peer;
+      theirs = line;
     }
   }
-  return {};
+  if (differs < 0) [[likely]] {
+    return {};
+  }
+  return {ARBITER_MISMATCH, "shm rank " + std::to_string(rank_) + ": " +
+                                common::mismatch_message(
+                                    common::call_difference(mine, rank_, theirs, differs), call)};
 }
 
 Status Workspace::barrier(Backoff& backoff, const char* what) {

@@ -122,7 +122,9 @@ class Workspace {
   // this rank has, with `mine`), and compares their signatures with `mine`.
   // ARBITER_MISMATCH, naming the field and the ranks, when one differs:
   // nothing of the call may then be read or written, and the workspace
-  // stays usable (every rank refuses alike). `what` names the data awaited.
+  // stays usable (every rank refuses alike). Returns only once every peer
+  // has joined (or a wait failed), refused or not. `what` names the data
+  // awaited.
   Status meet(std::uint32_t parity, std::uint64_t value, const common::CallSignature& mine,
               Backoff& backoff, const char* what);
 
