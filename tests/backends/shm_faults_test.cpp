@@ -512,7 +512,9 @@ const Mismatch kMismatches[] = {
 // frozen one (it once did, and overwrote a line the frozen rank had yet to
 // read).
 BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
-  for (const auto [ranks, preempt] : {std::pair{2, false}, {3, false}, {3, true}}) {
+  for (const std::pair<int, bool>& group : {std::pair{2, false}, {3, false}, {3, true}}) {
+    const int ranks = group.first;  // not a structured binding: lambdas capture it
+    const bool preempt = group.second;
     BOOST_TEST_CONTEXT(ranks << " ranks" << (preempt ? ", preempted" : "")) {
       run_group(
           ranks,
