@@ -108,10 +108,13 @@ inline std::size_t oneshot_max_chunks(std::uint64_t slot_bytes) {
 }
 
 struct Layout {
-  std::uint64_t slot_bytes = 0;    // what a slot holds
-  std::size_t slot_stride = 0;     // slot_bytes rounded up to a line
-  std::size_t oneshot_chunks = 0;  // sequence lines per (parity, rank)
-  std::size_t flags = 0;           // offsets from the start of the mapping
+  std::uint64_t slot_bytes = 0;  // what a slot holds
+  std::size_t slot_stride = 0;   // slot_bytes rounded up to a line
+  // Sequence lines per (parity, rank): one per chunk, plus one so that the
+  // ranks' lines are not a multiple of 4 KiB apart (a store to one's own
+  // line then delayed the load of a peer's by 4K aliasing).
+  std::size_t oneshot_chunks = 0;
+  std::size_t flags = 0;  // offsets from the start of the mapping
   std::size_t cpus = 0;
   std::size_t oneshot_sequences = 0;
   std::size_t oneshot = 0;
@@ -139,7 +142,7 @@ inline std::optional<Layout> compute_layout(std::int32_t world_size, std::uint64
   Layout layout;
   layout.slot_bytes = slot_bytes;
   layout.slot_stride = round_up(slot_bytes, kLine);
-  layout.oneshot_chunks = oneshot_max_chunks(slot_bytes);
+  layout.oneshot_chunks = oneshot_max_chunks(slot_bytes) + 1;
   layout.flags = kPage;
   layout.cpus = layout.flags + round_up(ranks * kLine, kPage);
   layout.oneshot_sequences = layout.cpus + round_up(ranks * kLine, kPage);

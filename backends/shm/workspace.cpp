@@ -98,7 +98,11 @@ Backoff Workspace::start_call() {
 void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t value,
                         const common::CallSignature* call) {
   SequenceWord* line = oneshot_sequence(parity, rank_, chunk);
-  if (call != nullptr) line->call = *call;  // ordered before the value by its release
+  // Ordered before the value by its release. Written only when it changed
+  // (a model's calls repeat their shape): a peer already polling the line
+  // would otherwise lose it twice per call, once for the signature and once
+  // for the value, which cost 3-4% of a 4 KiB one-shot call.
+  if (call != nullptr && !common::same_call(line->call, *call)) line->call = *call;
   publish_and_wake(line, value, sleepers());
 }
 
