@@ -6,9 +6,14 @@
 // Run one process per rank:
 //   arbiter launch --nproc 4 -- arbiter-bench-shm [--from 4KiB] [--to 64MiB]
 //                                                 [--hidden 1024] [--trials 15]
-//                                                 [--load N]
+//                                                 [--load N] [--baseline MODULE]
 // --load N: rank 0 keeps N busy processes (a spin loop each) running for
 // the whole run, for figures on a loaded host.
+// --baseline MODULE: another build of libarbiter-shm.so (say, of the commit
+// before a change) timed in the same run, its trials interleaved with the
+// current module's so that both see the same machine: each fused method
+// gets a second row, METHOD@baseline. A machine whose speed swings 2-4x
+// between minutes can still compare two builds this way.
 // Rank 0 prints a CSV: world_size, bytes (per rank), num_tokens, method,
 // latency_us (median over trials of the slowest rank's per-call time, calls
 // back to back), effective_GBps (bytes / latency), p90_us. Methods:
@@ -19,6 +24,7 @@
 // 1 through shared memory: the floor of any wait on a peer). After the
 // power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
 // prefill-shaped (4096 x 4096) row, where --to holds them.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -48,7 +54,8 @@ struct Options {
   std::uint64_t to = 64 * arbiter::kMiB;
   std::uint32_t hidden = 1024;
   int trials = 15;
-  int load = 0;  // busy processes rank 0 keeps running for the whole run
+  int load = 0;          // busy processes rank 0 keeps running for the whole run
+  std::string baseline;  // another shm module, timed alongside
 };
 
 [[noreturn]] void die(const std::string& message) {
@@ -79,8 +86,10 @@ Options parse(int argc, char** argv) {
       o.trials = std::stoi(value());
     else if (a == "--load")
       o.load = std::stoi(value());
+    else if (a == "--baseline")
+      o.baseline = value();
     else
-      die("unknown option " + a + " (--from, --to, --hidden, --trials, --load)");
+      die("unknown option " + a + " (--from, --to, --hidden, --trials, --load, --baseline)");
   }
   if (o.hidden == 0 || o.trials < 3 || o.from > o.to || o.load < 0 || o.load > 64) {
     die("bad options");
@@ -209,8 +218,9 @@ class BusyProcesses {
 class Runner {
  public:
   Runner(arbiter::Bootstrap& boot, const arbiter_backend_v1_t& shm, arbiter_workspace* ws,
-         const Options& opt)
-      : boot_(boot), shm_(shm), ws_(ws), opt_(opt) {
+         const Options& opt, const arbiter_backend_v1_t* baseline = nullptr,
+         arbiter_workspace* baseline_ws = nullptr)
+      : boot_(boot), shm_(shm), ws_(ws), opt_(opt), baseline_(baseline), baseline_ws_(baseline_ws) {
     const std::size_t max_elems = opt.to / 2;
     input_.resize(max_elems);
     residual_.assign(max_elems, 0x3F00);  // 0.5
@@ -253,15 +263,23 @@ class Runner {
       a.eps = 1e-6f;
       a.norm_out = norm_out_.data();
       bool skipped = false;
-      std::vector<double> times = time_calls(bytes, [&] {
-        const std::int32_t status = shm_.run(ws_, &a, nullptr);
+      auto call_on = [&](const arbiter_backend_v1_t& module, arbiter_workspace* ws) {
+        const std::int32_t status = module.run(ws, &a, nullptr);
         if (status == ARBITER_UNSUPPORTED) {
           skipped = true;  // every rank gets the same answer for the same shape
           return false;
         }
-        if (status != ARBITER_OK) die(std::string(m.name) + ": " + shm_.last_error());
+        if (status != ARBITER_OK) die(std::string(m.name) + ": " + module.last_error());
         return true;
-      });
+      };
+      std::vector<double> times, baseline_times;
+      if (baseline_ != nullptr) {
+        time_pair(
+            bytes, [&] { return call_on(shm_, ws_); },
+            [&] { return call_on(*baseline_, baseline_ws_); }, times, baseline_times);
+      } else {
+        times = time_calls(bytes, [&] { return call_on(shm_, ws_); });
+      }
       if (skipped) {
         if (boot_.rank() == 0) {
           std::printf("%d,%llu,%u,%s,skipped,,\n", boot_.world_size(),
@@ -270,6 +288,10 @@ class Runner {
         continue;
       }
       print(bytes, tokens, m.name, summary_of_max(boot_, times));
+      if (baseline_ != nullptr) {
+        print(bytes, tokens, (std::string(m.name) + "@baseline").c_str(),
+              summary_of_max(boot_, baseline_times));
+      }
     }
     // memcpy of the same bytes, all ranks at once, for the machine's bandwidth.
     std::vector<double> times = time_calls(bytes, [&] {
@@ -307,10 +329,31 @@ class Runner {
     return times;
   }
 
+  // Trials of `first` and `second` alternating (two warm-up pairs first),
+  // so that both see the same state of the machine.
+  template <class First, class Second>
+  void time_pair(std::uint64_t bytes, First first, Second second, std::vector<double>& first_times,
+                 std::vector<double>& second_times) {
+    const int calls = calls_per_trial(bytes);
+    for (int t = -2; t < opt_.trials; ++t) {
+      for (int which = 0; which < 2; ++which) {
+        if (!boot_.barrier(std::chrono::seconds(60)).ok()) die("barrier failed");
+        const auto start = Clock::now();
+        for (int c = 0; c < calls; ++c) {
+          if (!(which == 0 ? first() : second())) return;
+        }
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+        if (t >= 0) (which == 0 ? first_times : second_times).push_back(us / calls);
+      }
+    }
+  }
+
   arbiter::Bootstrap& boot_;
   const arbiter_backend_v1_t& shm_;
   arbiter_workspace* ws_;
   const Options& opt_;
+  const arbiter_backend_v1_t* baseline_;
+  arbiter_workspace* baseline_ws_;
   std::vector<std::uint16_t> input_, residual_, residual_out_, norm_out_, gamma_, copy_dst_;
 };
 
@@ -342,13 +385,25 @@ int main(int argc, char** argv) {
   if (shm->workspace_create(boot.oob(), &spec, &ws) != ARBITER_OK) {
     die(std::string("workspace_create: ") + shm->last_error());
   }
-  Runner runner(boot, *shm, ws, opt);
+  const arbiter_backend_v1_t* baseline = nullptr;
+  arbiter_workspace* baseline_ws = nullptr;
+  if (!opt.baseline.empty()) {
+    void* handle = dlopen(opt.baseline.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) die("--baseline: " + std::string(dlerror()));
+    baseline = static_cast<const arbiter_backend_v1_t*>(dlsym(handle, ARBITER_BACKEND_SYMBOL_V1));
+    if (baseline == nullptr) die("--baseline: " + opt.baseline + " is not an arbiter module");
+    if (baseline->workspace_create(boot.oob(), &spec, &baseline_ws) != ARBITER_OK) {
+      die(std::string("--baseline workspace_create: ") + baseline->last_error());
+    }
+  }
+  Runner runner(boot, *shm, ws, opt, baseline, baseline_ws);
   const BusyProcesses load(boot.rank() == 0 ? opt.load : 0);
   if (boot.rank() == 0) {
     std::printf(
         "# arbiter-bench-shm: world_size=%d hidden=%u dtype=bf16 pattern=residual_rmsnorm "
-        "trials=%d load=%d\n",
-        boot.world_size(), hidden, opt.trials, opt.load);
+        "trials=%d load=%d baseline=%s\n",
+        boot.world_size(), hidden, opt.trials, opt.load,
+        opt.baseline.empty() ? "none" : opt.baseline.c_str());
     std::printf("world_size,bytes,num_tokens,method,latency_us,effective_GBps,p90_us\n");
   }
   std::vector<double> round_trips = pingpong(boot, opt.trials);
@@ -366,5 +421,6 @@ int main(int argc, char** argv) {
     }
   }
   shm->workspace_destroy(ws);
+  if (baseline_ws != nullptr) baseline->workspace_destroy(baseline_ws);
   return 0;
 }

@@ -53,6 +53,11 @@ int cmd_plugins(const Args& args) {
       o.str("name", m.name);
       o.str("path", m.path);
       o.num("abi_version", m.abi_version);
+      if (m.build.empty()) {
+        o.null("build");  // no faults companion: a module built before it
+      } else {
+        o.str("build", m.build);
+      }
       o.boolean("available", m.available);
       if (m.available) {
         o.str("device", kind(m));
@@ -91,7 +96,7 @@ int cmd_plugins(const Args& args) {
   for (const ModuleInfo& m : modules) {
     std::cout << m.name << "  ABI v" << m.abi_version << "  "
               << (m.available ? "available (" + kind(m) + " ranks)" : "unavailable: " + m.reason)
-              << "  (" << m.path << ")";
+              << (m.build.empty() ? "" : "  build " + m.build) << "  (" << m.path << ")";
     if (!m.dependency.empty()) std::cout << "  [" << m.dependency << "]";
     std::cout << "\n";
   }

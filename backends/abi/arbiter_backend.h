@@ -13,7 +13,8 @@
  *
  * Threading: probe() may be called from any thread. A workspace is used by
  * one thread at a time (the rank's), and run() is asynchronous on `stream`
- * for GPU backends, synchronous for host backends. last_error() is
+ * for GPU backends, synchronous for host backends; only the faults
+ * companion's abort() may come from another thread. last_error() is
  * per-thread.
  */
 #ifndef ARBITER_BACKEND_H_
@@ -44,7 +45,15 @@ typedef enum arbiter_status {
   /* Another rank failed, so this one did too (collective calls). */
   ARBITER_PEER_FAILED = 5,
   /* Anything else. */
-  ARBITER_INTERNAL = 6
+  ARBITER_INTERNAL = 6,
+  /* This rank's workspace (or communicator) was aborted: a waiting call
+   * stopped waiting, and every later call returns this at once. The outputs
+   * of the call that was aborted hold unspecified values. */
+  ARBITER_ABORTED = 7,
+  /* The ranks made different calls (token count, pattern, eps, buffers
+   * given, ...): refused on every rank, before any output was written; the
+   * workspace stays usable. A bug in the caller, on some rank. */
+  ARBITER_MISMATCH = 8
 } arbiter_status;
 
 /* Values equal arbiter::Dtype, Pattern, Algorithm and DeviceKind. */
@@ -207,6 +216,43 @@ typedef struct arbiter_backend_v1_t {
 /* A module defines, with default visibility and C linkage:
  *   const arbiter_backend_v1_t arbiter_backend_v1 = {...};
  * (everything else in the module should be hidden). */
+
+/* Faults: an optional companion of arbiter_backend_v1, added after v1 was
+ * frozen. A module that has it also defines, with default visibility and C
+ * linkage:
+ *   const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {...};
+ * A host that predates it never looks for it; a module without it loads and
+ * runs as before (its workspaces cannot be aborted, and their teardown after
+ * a fault may wait on peers until timeout_ms). Like the v1 struct, this one
+ * is frozen: a later companion is a new struct under a new symbol. */
+#define ARBITER_BACKEND_FAULTS_SYMBOL_V1 "arbiter_backend_v1_faults"
+
+typedef struct arbiter_backend_faults_v1_t {
+  uint32_t faults_version; /* 1 */
+  /* Required. The module's build, e.g. "0.1.0 (git 1a2b3c4)": the host
+   * refuses to create a communicator whose ranks loaded different builds of
+   * a module. Never NULL. */
+  const char* module_version;
+  /* Optional (NULL: workspaces cannot be aborted).
+   * Thread-safe: callable from any thread, any number of times, between
+   * workspace_create() returning the workspace and workspace_destroy()
+   * being called (never concurrently with the latter), also while run()
+   * waits on the workspace's own thread. Never blocks on a peer.
+   * Afterwards:
+   *  - a run() waiting on a peer returns ARBITER_ABORTED (host backends
+   *    within 100 ms); GPU backends' kernels waiting on a peer stop waiting
+   *    (they poll a flag in host-mapped memory) and leave unspecified
+   *    values in the call's outputs;
+   *  - every later run() returns ARBITER_ABORTED at once;
+   *  - peers waiting on this rank return ARBITER_PEER_FAILED, naming it,
+   *    where the module can tell them (shm: within a second);
+   *  - workspace_destroy() is no longer collective: it frees this rank's
+   *    resources without waiting on any peer.
+   * The host also aborts every workspace before destroying them after a
+   * fault (a timeout, a failed or dead peer), so that teardown never waits
+   * on a rank that is gone. */
+  void (*abort)(arbiter_workspace* ws);
+} arbiter_backend_faults_v1_t;
 
 #ifdef __cplusplus
 }

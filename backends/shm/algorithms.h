@@ -1,8 +1,12 @@
-// The three ways the shm backend runs one call. Each is collective: every
-// rank of the workspace calls the same algorithm with the same shape.
+// The three ways the shm backend runs one call. Each is collective, and
+// each begins with the same meeting (Workspace::meet()): every rank
+// publishes the call's signature in the same line, whatever its algorithm,
+// so a call that differs across ranks (and may have led them to different
+// algorithms) is refused on every rank before anything is summed.
 //
 // REQUIRES (checked by run() in module.cpp): args valid for the workspace,
-// tokens > 0, message bytes <= the workspace's slot_bytes().
+// tokens > 0, message bytes <= the workspace's slot_bytes(), and
+// workspace.signature set to the (whole) call's.
 // All three produce bit-identical outputs for the same inputs: the sum is
 // accumulated in fp32 in rank order from +0.0 (token_kernels.h), then the
 // epilogue of arbiter/common/rmsnorm.h runs on it.

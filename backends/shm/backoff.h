@@ -11,9 +11,14 @@
 // common case on a busy or oversubscribed host, where the scheduler often
 // puts two ranks on one core (and the spin would cost every call 20 us).
 //
-// Every wait has a deadline and also stops when any rank has declared the
-// workspace failed (a word in the shared mapping), so one stuck rank makes
-// the others return instead of waiting out their own timeouts.
+// Every wait has a deadline and also stops when any rank has recorded a
+// fault in the workspace (a word in the shared mapping: a timeout, a dead
+// peer, an abort), so one stuck rank makes the others return instead of
+// waiting out their own timeouts. Once a wait has lasted a millisecond it
+// also asks, every 10 ms, whether a peer process has died (liveness.h): a
+// dead peer is noticed within milliseconds instead of at the deadline. None
+// of this is on the fast path: a wait that succeeds within 64 polls reads
+// neither the clock nor the fault word.
 #pragma once
 
 #include <sched.h>
@@ -25,27 +30,36 @@
 #include <cstdint>
 
 #include "futex.h"
+#include "liveness.h"
 #include "shared_layout.h"
 
 namespace arbiter::shm {
 
-enum class WaitState { kKeepWaiting, kTimedOut, kPeerFailed };
+enum class WaitState {
+  kKeepWaiting,
+  kTimedOut,
+  kFault,     // the workspace's fault word is set (by any rank, this one included)
+  kPeerDied,  // dead_peer() names the rank
+};
 
 class Backoff {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `failed_rank` is the shared word holding (rank + 1) of a rank that gave
-  // up, or 0; `sleepers` counts the ranks asleep on a futex (futex.h).
-  // `cpus` (optional) holds one word per rank, kLine apart: (CPU + 1) of
-  // where that rank last started a call, or 0; `my_cpu` is ours, likewise.
-  Backoff(Clock::time_point deadline, std::uint32_t* failed_rank, std::uint32_t* sleepers,
-          const std::byte* cpus = nullptr, std::uint32_t my_cpu = 0)
+  // `fault` is the shared fault word (faults.h), 0 while none;
+  // `sleepers` counts the ranks asleep on a futex (futex.h). `cpus`
+  // (optional) holds one word per rank, kLine apart: (CPU + 1) of where that
+  // rank last started a call, or 0; `my_cpu` is ours, likewise. `liveness`
+  // (optional) watches the peer processes.
+  Backoff(Clock::time_point deadline, std::uint32_t* fault, std::uint32_t* sleepers,
+          const std::byte* cpus = nullptr, std::uint32_t my_cpu = 0,
+          const Liveness* liveness = nullptr)
       : deadline_(deadline),
-        failed_rank_(failed_rank),
+        fault_(fault),
         sleepers_(sleepers),
         cpus_(cpus),
-        my_cpu_(my_cpu) {}
+        my_cpu_(my_cpu),
+        liveness_(liveness) {}
 
   // Call after each poll that found nothing new. Long waits sleep until
   // *word != still (the peer's publish wakes them), at most a millisecond at
@@ -59,16 +73,22 @@ class Backoff {
       // The clock, the failure word and the deadline every 64 polls only.
       if ((++polls_ & 63u) != 0) return WaitState::kKeepWaiting;
     }
-    if (std::atomic_ref<std::uint32_t>(*failed_rank_).load(std::memory_order_acquire) != 0) {
-      return WaitState::kPeerFailed;
+    if (std::atomic_ref<std::uint32_t>(*fault_).load(std::memory_order_acquire) != 0) {
+      return WaitState::kFault;
     }
     const Clock::time_point now = Clock::now();
     if (now >= deadline_) return WaitState::kTimedOut;
     if (!started_) {
       started_ = true;
       start_ = now;
+      next_liveness_check_ = now + kFirstLivenessCheck;
     }
     const auto waited = now - start_;
+    if (liveness_ != nullptr && now >= next_liveness_check_) {
+      next_liveness_check_ = now + kLivenessInterval;
+      dead_peer_ = liveness_->first_dead();
+      if (dead_peer_ >= 0) return WaitState::kPeerDied;
+    }
     if (phase_ == Phase::kSpin) {
       if (waited >= kSpinFor) phase_ = Phase::kYield;
     } else if (phase_ == Phase::kYield) {
@@ -83,6 +103,9 @@ class Backoff {
     return WaitState::kKeepWaiting;
   }
 
+  // After kPeerDied: the rank whose process is gone.
+  std::int32_t dead_peer() const { return dead_peer_; }
+
   // Call when a poll found progress: the next wait starts with spinning.
   void progress() {
     polls_ = 0;
@@ -94,6 +117,9 @@ class Backoff {
   enum class Phase { kSpin, kYield, kNap };
   static constexpr auto kSpinFor = std::chrono::microseconds(20);
   static constexpr auto kYieldFor = std::chrono::milliseconds(1);
+  // A wait this long asks whether a peer died, then again at each interval.
+  static constexpr auto kFirstLivenessCheck = std::chrono::milliseconds(1);
+  static constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 
   bool shares_my_cpu(std::int32_t rank) const {
     if (cpus_ == nullptr || my_cpu_ == 0 || rank < 0) return false;
@@ -111,10 +137,13 @@ class Backoff {
   }
 
   Clock::time_point deadline_;
-  std::uint32_t* failed_rank_;
+  std::uint32_t* fault_;
   std::uint32_t* sleepers_;
   const std::byte* cpus_;
   std::uint32_t my_cpu_;
+  const Liveness* liveness_;
+  std::int32_t dead_peer_ = -1;
+  Clock::time_point next_liveness_check_;
   std::uint32_t polls_ = 0;
   Phase phase_ = Phase::kSpin;
   bool started_ = false;

@@ -10,6 +10,7 @@
 
 #include "algorithms.h"
 #include "arbiter/common/call_checks.h"
+#include "arbiter/common/call_signature.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/token_slice.h"
 #include "arbiter_backend.h"
@@ -173,6 +174,16 @@ std::uint64_t max_message_bytes(const arbiter_workspace* handle, arbiter_algorit
   return handle == nullptr ? 0 : std::numeric_limits<std::uint64_t>::max();
 }
 
+// A call of no tokens still meets the others, so that a peer which was
+// given tokens refuses its call instead of waiting for this rank's data.
+Status run_empty(Workspace& workspace) {
+  const std::uint64_t call = workspace.next_sequence();
+  const auto parity = static_cast<std::uint32_t>(call % 2);
+  workspace.publish(parity, 0, call + 1, &workspace.signature);
+  Backoff backoff = workspace.start_call();
+  return workspace.meet(parity, call + 1, workspace.signature, backoff, "call of no tokens");
+}
+
 Status run_algorithm(Workspace& workspace, const arbiter_allreduce_args& args) {
   switch (args.algorithm) {
     case ARBITER_ALGORITHM_ONESHOT:
@@ -204,10 +215,14 @@ std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, 
   return guarded("run", [&]() -> Status {
     if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
     Workspace& workspace = *from_handle(handle);
-    bool empty = false;
-    if (Status status = check_run(workspace, args, empty); !status.ok() || empty) return status;
+    workspace.call = workspace.runs++;
+    workspace.fault_point("shm.call.start");
+    // A workspace that saw a fault fails every call at once.
     if (Status status = workspace.usable(); !status.ok()) return status;
-    ++workspace.calls;
+    bool empty = false;
+    if (Status status = check_run(workspace, args, empty); !status.ok()) return status;
+    workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
+    if (empty) return workspace.world_size() > 1 ? run_empty(workspace) : Status();
     return run_streamed(workspace, *args);
   });
 }
@@ -222,6 +237,10 @@ void workspace_destroy(arbiter_workspace* handle) {
 
 const char* last_error() { return last_error_message(); }
 
+void abort_workspace(arbiter_workspace* handle) {
+  if (handle != nullptr) from_handle(handle)->abort();
+}
+
 }  // namespace
 
 }  // namespace arbiter::shm
@@ -235,4 +254,11 @@ extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arb
     arbiter::shm::run,
     arbiter::shm::workspace_destroy,
     arbiter::shm::last_error,
+};
+
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {
+    1,
+    ARBITER_MODULE_VERSION,
+    arbiter::shm::abort_workspace,
 };

@@ -21,9 +21,15 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t bytes = elements * common::dtype_size(dtype);
 
   std::memcpy(workspace.twoshot_input(workspace.rank()), args.input, bytes);
+  const std::uint64_t call = workspace.next_sequence();
+  const auto parity = static_cast<std::uint32_t>(call % 2);
+  workspace.publish(parity, 0, call + 1, &workspace.signature);
+  workspace.fault_point("shm.call.published");
   Backoff backoff = workspace.start_call();
-  Status status = workspace.barrier(backoff, "native barrier 1 (inputs copied)");
+  Status status = workspace.meet(parity, call + 1, workspace.signature, backoff,
+                                 "unfused input copy (the first step of the unfused path)");
   if (!status.ok()) return status;
+  workspace.fault_point("shm.call.met");
 
   // The sums go straight to allreduce_out unless that is residual_in (in
   // place, aliasing.h): the epilogue still has to read the residual there.
@@ -37,6 +43,7 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   }
   workspace.sum_inputs(workspace.twoshot_inputs(), 0, elements, sums);
   // Nobody may overwrite its input copy (next call) while another rank sums.
+  workspace.fault_point("shm.call.barrier2");
   status = workspace.barrier(backoff, "native barrier 2 (inputs read)");
   if (!status.ok()) return status;
   if (!common::pattern_has_norm(args.pattern)) return {};

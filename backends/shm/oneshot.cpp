@@ -1,22 +1,24 @@
 // One-shot over double-buffered slots, chunk by chunk, with sequence numbers.
 //
-// Call n (counted per workspace, the same on every rank) uses parity
+// Call n (workspace.h's next_sequence(), the same on every rank) uses parity
 // p = n % 2. Each rank copies each chunk k of its input into its slot of
 // parity p and stores n + 1 into its sequence line for (p, k) with release
-// order. The lines are 64-bit (SequenceWord), so a line holds n + 1 only
-// once call n has published it, however long ago it was last written. Then,
-// chunk by chunk, it waits (acquire) until every peer's line for (p, k)
-// holds n + 1, sums the chunk's tokens over the ranks in rank order into one
-// fp32 row (from +0.0, as two-shot and native sum, so an all -0.0 column
-// gives +0.0 everywhere) and applies the epilogue to each token while the
-// row is in cache (token_kernels.h).
+// order; chunk 0's line also carries the call's signature. The lines are
+// 64-bit (SequenceWord), so a line holds n + 1 only once call n has
+// published it, however long ago it was last written. Then it meets every
+// peer on chunk 0 (Workspace::meet(): every peer's line holds n + 1 and
+// carries the same signature, or the call is refused on every rank before
+// anything is summed), and, chunk by chunk, waits (acquire) until every
+// peer's line for (p, k) holds n + 1, sums the chunk's tokens over the ranks
+// in rank order into one fp32 row (from +0.0, as two-shot and native sum, so
+// an all -0.0 column gives +0.0 everywhere) and applies the epilogue to each
+// token while the row is in cache (token_kernels.h).
 //
-// Why a rank may overwrite its slot of parity p in call n: every peer has
-// left call n - 2, the last one that read it. A rank starts call n only
-// after it has seen every peer's data of the previous one-shot call (n - 1),
-// which each peer published after it had finished call n - 2 (or a two-shot
-// call in between has barriers that say as much). So there is no sentinel,
-// no clearing pass and no barrier at the end.
+// Why a rank may overwrite its slot and lines of parity p in call n: every
+// peer has left call n - 2, the last one that read them. A rank starts call
+// n only after it has met every peer in call n - 1 (whatever its algorithm),
+// which each peer joined only after it had finished call n - 2. So there is
+// no sentinel, no clearing pass and no barrier at the end.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -38,7 +40,7 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::uint32_t hidden = args.hidden;
   const std::size_t row_bytes = std::size_t{hidden} * common::dtype_size(dtype);
   const std::size_t chunk_tokens = oneshot_chunk_tokens(row_bytes);
-  const std::uint64_t call = workspace.oneshot_calls++;
+  const std::uint64_t call = workspace.next_sequence();
   const auto parity = static_cast<std::uint32_t>(call % 2);
   const std::uint64_t published = call + 1;
 
@@ -56,33 +58,30 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
     std::memcpy(mine + first * row_bytes, input + first * row_bytes, tokens * row_bytes);
-    publish_and_wake(workspace.oneshot_sequence(parity, rank, chunk), published,
-                     workspace.sleepers());
+    workspace.publish(parity, chunk, published, chunk == 0 ? &workspace.signature : nullptr);
   }
-  // Then, chunk by chunk, every peer's data and the sums.
+  workspace.fault_point("shm.call.published");
   Backoff backoff = workspace.start_call();
+  Status met =
+      workspace.meet(parity, published, workspace.signature, backoff, "one-shot data (chunk 0)");
+  if (!met.ok()) return met;
+  workspace.fault_point("shm.call.met");
+  // Then, chunk by chunk, every peer's data and the sums.
   for (std::size_t first = 0, chunk = 0; first < args.tokens; first += chunk_tokens, ++chunk) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
-    for (std::int32_t q = 0; q < ranks; ++q) {
+    for (std::int32_t q = 0; q < ranks && chunk > 0; ++q) {
       if (q == rank) continue;
-      SequenceWord* line = workspace.oneshot_sequence(parity, q, chunk);
-      for (;;) {
-        // `wake` first: if the value is still old, so is what a sleep waits on.
-        const std::uint32_t wake =
-            std::atomic_ref<std::uint32_t>(line->wake).load(std::memory_order_acquire);
-        if (std::atomic_ref<std::uint64_t>(line->value).load(std::memory_order_acquire) ==
-            published) {
-          break;
-        }
-        const WaitState state = backoff.pause(&line->wake, wake, q);
-        if (state != WaitState::kKeepWaiting) {
-          return workspace.wait_failed(
-              state, "rank " + std::to_string(q) + "'s one-shot data (chunk " +
-                         std::to_string(chunk) + ", tokens " + std::to_string(first) + "-" +
-                         std::to_string(first + tokens - 1) + ")");
-        }
+      if (Status s = workspace.await_line(parity, q, chunk, published, backoff,
+                                          [&] {
+                                            return "rank " + std::to_string(q) +
+                                                   "'s one-shot data (chunk " +
+                                                   std::to_string(chunk) + ", tokens " +
+                                                   std::to_string(first) + "-" +
+                                                   std::to_string(first + tokens - 1) + ")";
+                                          });
+          !s.ok()) {
+        return s;
       }
-      backoff.progress();
     }
     workspace.kernels().reduce_tokens(
         args, workspace.rows_for_kernels(slots, args.input, first, tokens, row_bytes), ranks, first,

@@ -3,8 +3,8 @@
 //   [header 4 KiB][barrier flags: one 64-byte line per rank, padded to 4 KiB]
 //   [CPUs: one 64-byte line per rank, padded to 4 KiB: (CPU + 1) where the
 //    rank last started a call, for waits (backoff.h)]
-//   [one-shot sequence lines: 2 parities x world_size x chunk lines, 64 bytes
-//    each, padded to 4 KiB]
+//   [sequence lines: 2 parities x world_size x chunk lines, 64 bytes each,
+//    padded to 4 KiB]
 //   [one-shot: 2 parities x world_size slots][two-shot inputs: world_size slots]
 //   [two-shot / native sums: 1 slot]
 //   [two-shot outputs, for ARBITER_RUN_RESIDUAL_REPLICATED: allreduce_out,
@@ -14,26 +14,36 @@
 // up to 64): a call larger than a slot streams through the slots a slice of
 // whole tokens at a time (module.cpp), so the mapping does not grow with the
 // message.
-// One-shot call n uses parity n % 2; a rank publishes chunk k of its slot by
-// storing n + 1 into its line for (parity, k) after the chunk's data
-// (oneshot.cpp), as a SequenceWord. Rank 0 writes the header before anyone
-// else maps the object; the rest starts zeroed.
+//
+// Every call (every slice of a streamed one), whatever its algorithm, has a
+// number n, the same on every rank, and uses parity p = n % 2. Its first
+// synchronisation is the same in every algorithm: each rank stores the
+// call's signature into its sequence line (p, rank, chunk 0), then n + 1
+// into that line's value with release order, and waits (acquire) until
+// every peer's line holds n + 1, comparing their signatures with its own
+// (workspace.h, meet()). One-shot publishes its chunk k of data the same
+// way, in lines (p, rank, k). So ranks whose calls differ (and may have
+// chosen different algorithms) always meet, and refuse the call alike.
+// Rank 0 writes the header before anyone else maps the object; the rest
+// starts zeroed.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 
+#include "arbiter/common/call_signature.h"
+
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 7;
+inline constexpr std::uint32_t kLayoutVersion = 8;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
 
 // Lives at offset 0 of the mapping. Plain fields are written once by rank 0
-// before the others map; `failed_rank` is accessed only through atomic_ref.
+// before the others map; `fault` is accessed only through atomic_ref.
 struct SharedHeader {
   std::uint32_t magic;
   std::uint32_t layout_version;
@@ -41,9 +51,9 @@ struct SharedHeader {
   std::uint32_t dtype;
   std::uint64_t slot_bytes;
   std::uint64_t total_bytes;
-  // (rank + 1) of the first rank that gave up on a wait, or 0. Once set the
-  // workspace is dead: every waiter returns and every later run() fails.
-  alignas(kLine) std::uint32_t failed_rank;
+  // The first fault any rank saw (faults.h), or 0. Once set the workspace is
+  // dead: every waiter returns and every later run() fails.
+  alignas(kLine) std::uint32_t fault;
   // Ranks asleep on a futex in the mapping right now (futex.h): publishers
   // wake only when it is not 0. Accessed only through atomic_ref.
   alignas(kLine) std::uint32_t sleepers;
@@ -56,9 +66,14 @@ static_assert(sizeof(SharedHeader) <= kPage);
 // written many calls ago can never hold the number being waited for: with
 // 32 bits a line that no call had reached for 2^32 calls, or one never
 // written, matched and its stale data was summed as the peer's.
+// `call` (chunk-0 lines only) is the call's signature, stored before the
+// value: a reader that sees the value sees it in the line it already holds,
+// so comparing it costs no extra cache miss.
 struct SequenceWord {
   std::uint64_t value;
   std::uint32_t wake;
+  std::uint32_t unused;
+  common::CallSignature call;
 };
 static_assert(sizeof(SequenceWord) <= kLine, "one sequence word per line");
 
@@ -93,10 +108,13 @@ inline std::size_t oneshot_max_chunks(std::uint64_t slot_bytes) {
 }
 
 struct Layout {
-  std::uint64_t slot_bytes = 0;    // what a slot holds
-  std::size_t slot_stride = 0;     // slot_bytes rounded up to a line
-  std::size_t oneshot_chunks = 0;  // sequence lines per (parity, rank)
-  std::size_t flags = 0;           // offsets from the start of the mapping
+  std::uint64_t slot_bytes = 0;  // what a slot holds
+  std::size_t slot_stride = 0;   // slot_bytes rounded up to a line
+  // Sequence lines per (parity, rank): one per chunk, plus one so that the
+  // ranks' lines are not a multiple of 4 KiB apart (a store to one's own
+  // line then delayed the load of a peer's by 4K aliasing).
+  std::size_t oneshot_chunks = 0;
+  std::size_t flags = 0;  // offsets from the start of the mapping
   std::size_t cpus = 0;
   std::size_t oneshot_sequences = 0;
   std::size_t oneshot = 0;
@@ -124,7 +142,7 @@ inline std::optional<Layout> compute_layout(std::int32_t world_size, std::uint64
   Layout layout;
   layout.slot_bytes = slot_bytes;
   layout.slot_stride = round_up(slot_bytes, kLine);
-  layout.oneshot_chunks = oneshot_max_chunks(slot_bytes);
+  layout.oneshot_chunks = oneshot_max_chunks(slot_bytes) + 1;
   layout.flags = kPage;
   layout.cpus = layout.flags + round_up(ranks * kLine, kPage);
   layout.oneshot_sequences = layout.cpus + round_up(ranks * kLine, kPage);

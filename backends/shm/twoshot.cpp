@@ -1,11 +1,12 @@
 // Two-shot: reduce-scatter by token slices, then every rank gets all tokens.
 //
-// Barrier 1 makes every input copy visible before anyone sums; barrier 2
-// makes every rank's slice visible before anyone reads it, and also keeps a
-// fast rank from overwriting its input copy (next call) while a slow one
-// still sums from it. The next call's barrier 1 likewise keeps the shared
-// sums and staged outputs from being overwritten while a slow rank still
-// reads them.
+// The meeting (Workspace::meet(), the first synchronisation of every
+// algorithm, which also compares the ranks' call signatures) makes every
+// input copy visible before anyone sums; barrier 2 makes every rank's slice
+// visible before anyone reads it, and also keeps a fast rank from
+// overwriting its input copy (next call) while a slow one still sums from
+// it. The next call's meeting likewise keeps the shared sums and staged
+// outputs from being overwritten while a slow rank still reads them.
 //
 // Two ways to finish:
 //   - by default each rank publishes its slice's sums, and every rank runs
@@ -89,6 +90,7 @@ Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& arg
     workspace.kernels().reduce_tokens(args, rows, ranks, token, stop - token, row);
     copy_staged(workspace, outputs, token, stop, /*stage=*/true);
   }
+  workspace.fault_point("shm.call.barrier2");
   Status status = workspace.barrier(backoff, "two-shot barrier 2 (slice outputs staged)");
   if (!status.ok()) return status;
   for (std::int32_t q = 0; q < ranks; ++q) {
@@ -118,9 +120,15 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   const auto* input = static_cast<const std::byte*>(args.input);
   std::memcpy(copy, input, first * row_bytes);
   std::memcpy(copy + end * row_bytes, input + end * row_bytes, (args.tokens - end) * row_bytes);
+  const std::uint64_t call = workspace.next_sequence();
+  const auto parity = static_cast<std::uint32_t>(call % 2);
+  workspace.publish(parity, 0, call + 1, &workspace.signature);
+  workspace.fault_point("shm.call.published");
   Backoff backoff = workspace.start_call();
-  Status status = workspace.barrier(backoff, "two-shot barrier 1 (inputs copied)");
+  Status status =
+      workspace.meet(parity, call + 1, workspace.signature, backoff, "two-shot input copy");
   if (!status.ok()) return status;
+  workspace.fault_point("shm.call.met");
 
   if ((args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
       common::pattern_has_norm(args.pattern)) {
@@ -130,6 +138,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   workspace.sum_inputs(workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input, first,
                                                   end - first, row_bytes),
                        std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
+  workspace.fault_point("shm.call.barrier2");
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;
 

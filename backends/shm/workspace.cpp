@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/stages.h"
@@ -15,14 +16,16 @@
 namespace arbiter::shm {
 
 Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
-                     arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels)
+                     arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels,
+                     std::unique_ptr<Liveness> liveness)
     : base_(base),
       layout_(layout),
       rank_(rank),
       world_size_(world_size),
       dtype_(dtype),
       timeout_ms_(timeout_ms),
-      kernels_(kernels) {
+      kernels_(kernels),
+      liveness_(std::move(liveness)) {
   for (std::int32_t peer = 0; peer < world_size; ++peer) {
     twoshot_inputs_.push_back(twoshot_input(peer));
   }
@@ -88,8 +91,50 @@ Backoff Workspace::start_call() {
   std::atomic_ref<std::uint32_t> word(
       *reinterpret_cast<std::uint32_t*>(cpus + static_cast<std::size_t>(rank_) * kLine));
   if (word.load(std::memory_order_relaxed) != mine) word.store(mine, std::memory_order_relaxed);
-  return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_),
-                 &header().failed_rank, &header().sleepers, cpus, mine);
+  return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_), &header().fault,
+                 &header().sleepers, cpus, mine, liveness_.get());
+}
+
+void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t value,
+                        const common::CallSignature* call) {
+  SequenceWord* line = oneshot_sequence(parity, rank_, chunk);
+  // Ordered before the value by its release. Written only when it changed
+  // (a model's calls repeat their shape): a peer already polling the line
+  // would otherwise lose it twice per call, once for the signature and once
+  // for the value, which cost 3-4% of a 4 KiB one-shot call.
+  if (call != nullptr && !common::same_call(line->call, *call)) line->call = *call;
+  publish_and_wake(line, value, sleepers());
+}
+
+Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::CallSignature& mine,
+                       Backoff& backoff, const char* what) {
+  // Every peer is awaited even once a difference is known: a rank leaves a
+  // call only after every peer has joined it, that is, left the call
+  // before. Returning at the first difference let a rank refuse the next
+  // call after meeting one peer only, start the call after that, and
+  // overwrite its line of this parity before a slow peer had read it.
+  std::int32_t differs = -1;
+  common::CallSignature theirs{};
+  for (std::int32_t peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    if (Status s = await_line(parity, peer, 0, value, backoff,
+                              [&] { return "rank " + std::to_string(peer) + "'s " + what; });
+        !s.ok()) {
+      return s;
+    }
+    // The acquire above orders this read after the peer's store of it.
+    const common::CallSignature& line = oneshot_sequence(parity, peer, 0)->call;
+    if (differs < 0 && !common::same_call(mine, line)) [[unlikely]] {
+      differs = peer;
+      theirs = line;
+    }
+  }
+  if (differs < 0) [[likely]] {
+    return {};
+  }
+  return {ARBITER_MISMATCH, "shm rank " + std::to_string(rank_) + ": " +
+                                common::mismatch_message(
+                                    common::call_difference(mine, rank_, theirs, differs), call)};
 }
 
 Status Workspace::barrier(Backoff& backoff, const char* what) {
@@ -109,8 +154,8 @@ Status Workspace::barrier(Backoff& backoff, const char* what) {
     while (flag.load(std::memory_order_acquire) == not_arrived) {
       const WaitState state = backoff.pause(flag_word(peer), not_arrived, peer);
       if (state != WaitState::kKeepWaiting) {
-        return wait_failed(
-            state, std::string(what) + " (rank " + std::to_string(peer) + " has not arrived)");
+        return wait_failed(state, backoff, peer,
+                           "rank " + std::to_string(peer) + " at " + std::string(what));
       }
     }
     backoff.progress();
@@ -118,30 +163,95 @@ Status Workspace::barrier(Backoff& backoff, const char* what) {
   return {};
 }
 
-Status Workspace::wait_failed(WaitState state, const std::string& what) {
-  std::atomic_ref<std::uint32_t> failed(header().failed_rank);
-  const std::string call =
-      "shm rank " + std::to_string(rank_) + ", call " + std::to_string(calls) + ": ";
-  if (state == WaitState::kTimedOut) {
-    std::uint32_t expected = 0;  // the first rank to give up is the one named
-    failed.compare_exchange_strong(expected, static_cast<std::uint32_t>(rank_) + 1,
-                                   std::memory_order_acq_rel);
-    return {ARBITER_TIMEOUT, call + "timed out after " + std::to_string(timeout_ms_) +
-                                 " ms waiting for " + what + "; the workspace is no longer usable"};
+namespace {
+
+constexpr const char* kNoLongerUsable =
+    "; the workspace is no longer usable (destroy it; the survivors can create a new one over "
+    "their own group)";
+
+std::string rank_text(std::int32_t rank) {
+  return rank < 0 ? std::string("a rank") : "rank " + std::to_string(rank);
+}
+
+// The error of a rank that finds `fault` recorded (by itself or a peer);
+// `when` says what this rank was doing.
+Status fault_status(const Fault& fault, std::int32_t self, bool self_aborted,
+                    std::int64_t timeout_ms, const std::string& prefix, const std::string& when) {
+  if (self_aborted) {
+    return {ARBITER_ABORTED, prefix + "aborted (abort() was called on this rank) " + when +
+                                 "; the workspace is no longer usable (destroy it)"};
   }
-  const std::uint32_t who = failed.load(std::memory_order_acquire);
-  return {ARBITER_PEER_FAILED, call + "rank " + std::to_string(who - 1) +
-                                   " gave up (timeout) while this rank waited for " + what +
-                                   "; the workspace is no longer usable"};
+  switch (fault.kind) {
+    case FaultKind::kAborted:
+      return {ARBITER_PEER_FAILED, prefix + rank_text(fault.culprit) +
+                                       " aborted the communicator " + when + kNoLongerUsable};
+    case FaultKind::kDied:
+      return {ARBITER_PEER_FAILED,
+              prefix + rank_text(fault.culprit) + " died (its process is gone; noticed by rank " +
+                  std::to_string(fault.reporter) + ") " + when + kNoLongerUsable};
+    case FaultKind::kTimeout:
+    default: {
+      const std::string who =
+          fault.reporter == self ? std::string("this rank") : rank_text(fault.reporter);
+      return {ARBITER_PEER_FAILED,
+              prefix + who + " gave up after " + std::to_string(timeout_ms) + " ms waiting for " +
+                  (fault.culprit < 0 ? std::string("a peer") : rank_text(fault.culprit)) +
+                  " (it did not arrive: stopped, hung, or making a call the others do not make) " +
+                  when + kNoLongerUsable};
+    }
+  }
+}
+
+}  // namespace
+
+Status Workspace::wait_failed(WaitState state, const Backoff& backoff, std::int32_t awaited,
+                              const std::string& what) {
+  std::atomic_ref<std::uint32_t> word(header().fault);
+  const std::string prefix =
+      "shm rank " + std::to_string(rank_) + ", call " + std::to_string(call) + ": ";
+  auto record = [&](FaultKind kind, std::int32_t culprit) {
+    std::uint32_t expected = 0;  // the first fault recorded is the one every rank names
+    word.compare_exchange_strong(expected, encode_fault({kind, culprit, rank_}),
+                                 std::memory_order_acq_rel);
+  };
+  if (state == WaitState::kTimedOut && !aborted()) {
+    record(FaultKind::kTimeout, awaited);
+    return {ARBITER_TIMEOUT,
+            prefix + "timed out after " + std::to_string(timeout_ms_) + " ms waiting for " + what +
+                " (it did not arrive: stopped, hung, or making a call the others do not "
+                "make)" +
+                kNoLongerUsable};
+  }
+  if (state == WaitState::kPeerDied && !aborted()) {
+    const std::int32_t dead = backoff.dead_peer();
+    record(FaultKind::kDied, dead);
+    return {ARBITER_PEER_FAILED,
+            prefix + "rank " + std::to_string(dead) +
+                " died (its process is gone; only its parent, e.g. the launcher, learns its exit "
+                "code or signal) while this rank waited for " +
+                what + kNoLongerUsable};
+  }
+  return fault_status(decode_fault(word.load(std::memory_order_acquire)), rank_, aborted(),
+                      timeout_ms_, prefix, "while this rank waited for " + what);
 }
 
 Status Workspace::usable() {
-  const std::uint32_t who =
-      std::atomic_ref<std::uint32_t>(header().failed_rank).load(std::memory_order_acquire);
-  if (who == 0) return {};
-  return {ARBITER_PEER_FAILED, "shm: rank " + std::to_string(who - 1) +
-                                   " timed out in an earlier call; this workspace can no "
-                                   "longer be used (destroy it and create a new one)"};
+  const std::uint32_t word =
+      std::atomic_ref<std::uint32_t>(header().fault).load(std::memory_order_acquire);
+  if (word == 0 && !aborted()) [[likely]] {
+    return {};
+  }
+  return fault_status(decode_fault(word), rank_, aborted(), timeout_ms_,
+                      "shm rank " + std::to_string(rank_) + ", call " + std::to_string(call) + ": ",
+                      "before this call");
+}
+
+void Workspace::abort() {
+  aborted_.store(true, std::memory_order_release);
+  std::uint32_t expected = 0;
+  std::atomic_ref<std::uint32_t>(header().fault)
+      .compare_exchange_strong(expected, encode_fault({FaultKind::kAborted, rank_, rank_}),
+                               std::memory_order_acq_rel);
 }
 
 void Workspace::sum_inputs(const std::byte* const* rows, std::size_t begin, std::size_t end,

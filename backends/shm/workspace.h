@@ -1,19 +1,27 @@
 // One rank's view of the shared workspace, and what its algorithms share:
-// slot addresses, the barrier, failure handling, the per-call deadline.
+// slot addresses, the first meeting of every call (with its signature), the
+// barrier, fault handling, the per-call deadline.
 //
 // Thread-safety: one thread at a time per workspace (the rank's), as the ABI
-// requires. Different processes coordinate only through the mapping.
+// requires, except abort(), which any thread may call at any time while the
+// workspace exists. Different processes coordinate only through the mapping.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "arbiter/common/call_signature.h"
+#include "arbiter/common/fault_injection.h"
 #include "arbiter_backend.h"
 #include "backoff.h"
+#include "faults.h"
+#include "liveness.h"
 #include "shared_layout.h"
 #include "status.h"
 #include "token_kernels.h"
@@ -23,8 +31,10 @@ namespace arbiter::shm {
 class Workspace {
  public:
   // Takes ownership of a mapping of layout.total bytes at `base`.
+  // `liveness` watches the peers' processes (empty for one rank).
   Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
-            arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels);
+            arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels,
+            std::unique_ptr<Liveness> liveness);
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -76,21 +86,83 @@ class Workspace {
   // A backoff whose deadline is timeout_ms from now, for one run().
   Backoff start_call();
 
+  // The number of the next algorithm call (a streamed call takes one per
+  // slice), the same on every rank: call n uses parity n % 2 and publishes
+  // n + 1 (shared_layout.h). Never wraps.
+  std::uint64_t next_sequence() { return sequence++; }
+
+  // Stores `value` into this rank's sequence line (parity, chunk), after
+  // `call` (the signature, chunk 0 only; NULL: leave it) and after
+  // whatever the caller wrote before, and wakes sleepers.
+  void publish(std::uint32_t parity, std::size_t chunk, std::uint64_t value,
+               const common::CallSignature* call);
+
+  // Waits until `peer`'s sequence line (parity, chunk) holds `value`.
+  // describe() names what is awaited, for errors only (it allocates).
+  template <class Describe>
+  Status await_line(std::uint32_t parity, std::int32_t peer, std::size_t chunk, std::uint64_t value,
+                    Backoff& backoff, Describe describe) {
+    SequenceWord* line = oneshot_sequence(parity, peer, chunk);
+    for (;;) {
+      // `wake` first: if the value is still old, so is what a sleep waits on.
+      const std::uint32_t wake =
+          std::atomic_ref<std::uint32_t>(line->wake).load(std::memory_order_acquire);
+      if (std::atomic_ref<std::uint64_t>(line->value).load(std::memory_order_acquire) == value) {
+        break;
+      }
+      const WaitState state = backoff.pause(&line->wake, wake, peer);
+      if (state != WaitState::kKeepWaiting) return wait_failed(state, backoff, peer, describe());
+    }
+    backoff.progress();
+    return {};
+  }
+
+  // The first meeting of every call, in every algorithm: waits until every
+  // peer has published `value` in its chunk-0 line of `parity` (REQUIRES:
+  // this rank has, with `mine`), and compares their signatures with `mine`.
+  // ARBITER_MISMATCH, naming the field and the ranks, when one differs:
+  // nothing of the call may then be read or written, and the workspace
+  // stays usable (every rank refuses alike). Returns only once every peer
+  // has joined (or a wait failed), refused or not. `what` names the data
+  // awaited.
+  Status meet(std::uint32_t parity, std::uint64_t value, const common::CallSignature& mine,
+              Backoff& backoff, const char* what);
+
   // Waits until every rank has reached the same barrier (flags cycling
   // through three values). `what` names the barrier in errors.
   Status barrier(Backoff& backoff, const char* what);
 
-  // Turns a stopped wait into a Status naming `what` was awaited; a timeout
-  // also marks the workspace failed for every rank.
-  Status wait_failed(WaitState state, const std::string& what);
+  // Turns a stopped wait into a Status naming `what` was awaited (from rank
+  // `awaited`, -1 if none in particular). A timeout or a dead peer is also
+  // recorded in the fault word, which stops every rank's waits.
+  Status wait_failed(WaitState state, const Backoff& backoff, std::int32_t awaited,
+                     const std::string& what);
 
   // OK, or why this workspace can no longer be used.
   Status usable();
 
-  // One-shot calls so far, the same on every rank: call n uses parity
-  // n % 2 and publishes (n + 1) mod 2^32.
-  std::uint64_t oneshot_calls = 0;
-  std::uint64_t calls = 0;  // run() calls so far, for messages
+  // Thread-safe (any thread, while the workspace exists). Records an abort
+  // by this rank in the fault word: this rank's waits return
+  // ARBITER_ABORTED, its peers' ARBITER_PEER_FAILED naming it, each within
+  // a millisecond or two (the backoff's slowest poll), and every later
+  // run() fails at once.
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+  // Algorithm calls so far (slices count one each): see next_sequence().
+  std::uint64_t sequence = 0;
+  // The number of the current (or last) run() on this rank, from 0, the
+  // same on every rank; `runs` counts them.
+  std::uint64_t call = 0;
+  std::uint64_t runs = 0;
+  // The current run()'s signature (every slice of a streamed call carries
+  // the whole call's).
+  common::CallSignature signature{};
+
+  // Test-only fault injection (fault_injection.h) at `step` of the current call.
+  void fault_point(const char* step) const {
+    if (faults_armed_) common::FaultInjection::get().at(step, rank_, call);
+  }
 
   // A row of `hidden` floats of host scratch for the kernels (grown, never
   // shrunk, so calls of one shape allocate once).
@@ -109,6 +181,9 @@ class Workspace {
   arbiter_dtype dtype_;
   std::int64_t timeout_ms_;
   const TokenKernels& kernels_;
+  std::unique_ptr<Liveness> liveness_;
+  std::atomic<bool> aborted_{false};
+  bool faults_armed_ = common::FaultInjection::get().armed();
   std::uint32_t barrier_flag_ = 0;
   std::vector<const std::byte*> twoshot_inputs_;
   std::vector<float> row_scratch_;

@@ -6,7 +6,9 @@
 //      reserves its pages, lays it out, and broadcasts name and status;
 //   3. the others open and map it; allgather of every rank's status (this is
 //      also the barrier after which everyone has the object open);
-//   4. rank 0 unlinks the name, so a crash afterwards leaves nothing behind.
+//   4. rank 0 unlinks the name, so a crash afterwards leaves nothing behind;
+//      every rank opens a pidfd for each peer's process (liveness.h), so that
+//      a call waiting on a peer that died returns within milliseconds.
 // A failure anywhere fails creation on every rank, with the failing rank and
 // its reason in the message. Every oob call carries spec.timeout_ms.
 #include <fcntl.h>
@@ -20,11 +22,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "arbiter/common/fault_injection.h"
 #include "arbiter/common/numeric.h"
+#include "liveness.h"
 #include "workspace.h"
 
 namespace arbiter::shm {
@@ -42,7 +47,11 @@ struct Hello {
   std::int32_t rank;
   std::int32_t world_size;
   std::uint32_t dtype;
+  std::uint32_t hidden;
+  std::int32_t pid;
+  std::uint64_t max_message_bytes;
   std::uint64_t slot_bytes;  // from max_message_bytes and hidden (0 when the spec is bad)
+  std::uint64_t pid_namespace;
   char host[kNameBytes];
   char message[kTextBytes];
 };
@@ -139,6 +148,9 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
       !chosen.ok()) {
     return chosen;
   }
+  if (const common::Status& faults = common::FaultInjection::get().error(); !faults.ok()) {
+    return faults;
+  }
   if (spec.max_message_bytes == 0 || spec.max_message_bytes > kMaxMessageBytes) {
     return {ARBITER_INVALID_ARGUMENT, "max_message_bytes " +
                                           std::to_string(spec.max_message_bytes) +
@@ -170,15 +182,29 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
   const Hello& first = hellos.front();
   for (std::size_t rank = 1; rank < hellos.size(); ++rank) {
     const Hello& other = hellos[rank];
-    const std::string ranks = "rank 0 and rank " + std::to_string(rank);
-    if (other.world_size != first.world_size || other.dtype != first.dtype ||
-        other.slot_bytes != first.slot_bytes) {
-      return {ARBITER_INVALID_ARGUMENT,
-              "shm workspace creation: " + ranks + " disagree on the workspace (world size " +
-                  std::to_string(first.world_size) + " vs " + std::to_string(other.world_size) +
-                  ", dtype " + dtype_name(first.dtype) + " vs " + dtype_name(other.dtype) +
-                  ", slot bytes " + std::to_string(first.slot_bytes) + " vs " +
-                  std::to_string(other.slot_bytes) + ": max_message_bytes and hidden must agree)"};
+    auto differ = [&](const char* field, const std::string& theirs, const std::string& ours) {
+      return Status{ARBITER_INVALID_ARGUMENT,
+                    std::string("shm workspace creation: ranks differ in ") + field + ": rank " +
+                        std::to_string(rank) + " has " + theirs + ", rank 0 has " + ours +
+                        "; every rank must create the workspace with the same spec"};
+    };
+    if (other.world_size != first.world_size) {
+      return differ("world size", std::to_string(other.world_size),
+                    std::to_string(first.world_size));
+    }
+    if (other.dtype != first.dtype) {
+      return differ("dtype", dtype_name(other.dtype), dtype_name(first.dtype));
+    }
+    if (other.hidden != first.hidden) {
+      return differ("hidden", std::to_string(other.hidden), std::to_string(first.hidden));
+    }
+    if (other.max_message_bytes != first.max_message_bytes) {
+      return differ("max_message_bytes", std::to_string(other.max_message_bytes),
+                    std::to_string(first.max_message_bytes));
+    }
+    if (other.slot_bytes != first.slot_bytes) {  // follows from the above; kept as a guard
+      return differ("slot bytes", std::to_string(other.slot_bytes),
+                    std::to_string(first.slot_bytes));
     }
     if (std::strncmp(other.host, first.host, kNameBytes) != 0) {
       return {ARBITER_UNAVAILABLE, "shm needs every rank on one host: rank 0 runs on " +
@@ -197,7 +223,7 @@ void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec&
   header->dtype = spec.dtype;
   header->slot_bytes = layout.slot_bytes;
   header->total_bytes = layout.total;
-  header->failed_rank = 0;
+  header->fault = 0;
   header->sleepers = 0;
 }
 
@@ -282,7 +308,7 @@ Status create_private(const Layout& layout, const arbiter_workspace_spec& spec,
   }
   fill_header(base, layout, spec);
   try {
-    *out = new Workspace(base, layout, 0, 1, spec.dtype, spec.timeout_ms, kernels);
+    *out = new Workspace(base, layout, 0, 1, spec.dtype, spec.timeout_ms, kernels, nullptr);
   } catch (...) {
     munmap(base, layout.total);
     throw;
@@ -306,6 +332,10 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   hello.rank = oob.rank;
   hello.world_size = spec.world_size;
   hello.dtype = spec.dtype;
+  hello.hidden = spec.hidden;
+  hello.pid = static_cast<std::int32_t>(getpid());
+  hello.max_message_bytes = spec.max_message_bytes;
+  hello.pid_namespace = Liveness::own_pid_namespace();
   hello.slot_bytes =
       local.ok() ? slot_bytes_for(spec.max_message_bytes,
                                   std::uint64_t{spec.hidden} * common::dtype_size(spec.dtype))
@@ -313,6 +343,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   copy_text(hello.host, host_identity());
   copy_text(hello.message, local.message());
   std::vector<Hello> hellos(ranks);
+  common::FaultInjection::get().at("shm.create.hello", oob.rank, 0);
   std::int32_t code = oob.allgather(oob.ctx, &hello, hellos.data(), sizeof(Hello), timeout);
   if (code != ARBITER_OK) return oob_failed(oob, code, "allgather of workspace parameters");
   if (Status verdict = judge_hellos(hellos); !verdict.ok()) return verdict;
@@ -359,6 +390,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     copy_text(report.message, mapped.message());
   }
   std::vector<Report> reports(ranks);
+  common::FaultInjection::get().at("shm.create.mapped", oob.rank, 0);
   code = oob.allgather(oob.ctx, &report, reports.data(), sizeof(Report), timeout);
   // 4. Nobody opens it by name any more.
   if (spec.rank == 0) shm_unlink(name.c_str());
@@ -375,7 +407,14 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     }
   }
   try {
-    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout, *kernels);
+    std::vector<std::int32_t> pids;
+    std::vector<std::uint64_t> namespaces;
+    for (const Hello& h : hellos) {
+      pids.push_back(h.pid);
+      namespaces.push_back(h.pid_namespace);
+    }
+    *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout, *kernels,
+                         std::make_unique<Liveness>(spec.rank, pids, namespaces));
   } catch (...) {
     munmap(base, layout.total);
     throw;

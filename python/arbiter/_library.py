@@ -220,6 +220,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.arbiter_comm_allreduce_fusion.restype = c_int32
     lib.arbiter_comm_destroy.argtypes = [c_void_p]
     lib.arbiter_comm_destroy.restype = None
+    lib.arbiter_comm_abort.argtypes = [c_void_p]
+    lib.arbiter_comm_abort.restype = c_int32
     return lib
 
 

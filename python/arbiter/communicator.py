@@ -360,8 +360,20 @@ class Communicator:
 
     # --- lifetime ---------------------------------------------------------
 
+    def abort(self) -> None:
+        """Makes a call waiting in another thread return: it raises
+        ArbiterError(ABORTED) (CPU ranks: within milliseconds), peers waiting
+        on this rank raise ArbiterError(PEER_FAILED) naming it, GPU kernels
+        waiting on a peer stop waiting, and every later call raises at once.
+        For a framework's watchdog; safe from any thread, any number of
+        times. close() afterwards waits on no peer."""
+        handle = self._handle
+        if handle:
+            _library.check(self._lib, self._lib.arbiter_comm_abort(handle))
+
     def close(self) -> None:
-        """Collective: frees every workspace (every rank must close)."""
+        """Collective: frees every workspace (every rank must close). After
+        a failed call or abort() it is local, waiting on no peer."""
         if self._handle:
             with self._lock:  # not while a call runs on it
                 handle, self._handle = self._handle, ctypes.c_void_p()

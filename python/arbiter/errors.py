@@ -15,6 +15,8 @@ class Status(enum.IntEnum):
     TIMEOUT = 4
     PEER_FAILED = 5
     INTERNAL = 6
+    ABORTED = 7  # abort() was called on this rank; the call's outputs are unspecified
+    MISMATCH = 8  # the ranks made different calls: refused on every rank, nothing written
 
 
 class ArbiterError(Exception):

@@ -326,6 +326,13 @@ int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduc
   return ARBITER_OK;
 }
 
+int32_t arbiter_comm_abort(arbiter_comm* comm) {
+  if (!comm) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  comm->comm->abort();  // noexcept; g_last_error is this thread's own
+  g_last_error.clear();
+  return ARBITER_OK;
+}
+
 void arbiter_comm_destroy(arbiter_comm* comm) { delete comm; }
 
 }  // extern "C"

@@ -8,6 +8,8 @@
 #include <iostream>
 #include <string_view>
 
+#include "arbiter/common/call_signature.h"
+#include "arbiter/common/fault_injection.h"
 #include "arbiter/common/token_slice.h"
 
 namespace arbiter {
@@ -18,6 +20,7 @@ constexpr std::uint64_t kFallbackSliceBytes = std::uint64_t{16} << 20;
 
 struct Workspace {
   const arbiter_backend_v1_t* module = nullptr;
+  const arbiter_backend_faults_v1_t* faults = nullptr;  // nullptr: cannot be aborted
   arbiter_workspace* handle = nullptr;
 };
 
@@ -65,6 +68,18 @@ bool shared_gpu_test_from_environment() {
                           "GPUs than ranks) is switched on by exactly 1; unset it otherwise");
 }
 
+constexpr const char* kCheckCallsVariable = "ARBITER_CHECK_CALLS";
+
+// The check mode from the environment: "1" on; unset, empty or "0" off.
+bool check_calls_from_environment() {
+  const char* v = std::getenv(kCheckCallsVariable);
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "0") return false;
+  if (std::string_view(v) == "1") return true;
+  throw CommunicatorError(std::string(kCheckCallsVariable) + " is \"" + v +
+                          "\": the check mode (every call's signature all-gathered through the "
+                          "oob before it runs) is switched on by 1 and off by 0 or unset");
+}
+
 // "residual_rmsnorm_fp4 (NVFP4)": the name, and what NVFP4 users search for.
 std::string pattern_label(std::uint32_t p) {
   if (p >= kPatternCount) return "pattern " + std::to_string(p);
@@ -96,10 +111,24 @@ struct RankFacts {
   std::uint32_t available;                // bit (1 << Backend): modules this rank loaded
   std::uint32_t patterns[kBackendCount];  // each available module's caps.pattern_mask
   std::uint32_t flags[kBackendCount];     // and its caps.flags
+  std::uint8_t check_calls;
+  char builds[kBackendCount][48];  // each available module's build ("" without one)
+};
+
+std::string build_text(const char (&build)[48]) {
+  const std::string text(build, strnlen(build, sizeof build));
+  return text.empty() ? "a build that does not say (no faults companion)" : "build " + text;
+}
+
+// What every rank must still agree on once the workspaces exist.
+struct RankOutcome {
+  std::uint32_t usable;
+  std::uint32_t patterns[kBackendCount];
 };
 
 // The first field on which some rank differs from rank 0, as an error.
-void check_agreement(const std::vector<RankFacts>& all) {
+// `registry` and `self` add this rank's own reason where it lacks a module.
+void check_agreement(const std::vector<RankFacts>& all, const Registry& registry, int self) {
   const RankFacts& a = all[0];
   for (std::size_t r = 1; r < all.size(); ++r) {
     const RankFacts& b = all[r];
@@ -146,6 +175,33 @@ void check_agreement(const std::vector<RankFacts>& all) {
       };
       differ("the topology", topo(b), topo(a), same);
     }
+    if (b.check_calls != a.check_calls) {
+      differ("the check mode", b.check_calls ? "it on" : "it off",
+             a.check_calls ? "it on" : "it off",
+             "set ARBITER_CHECK_CALLS (or options.check_calls) alike on every rank");
+    }
+    for (int i = 0; i < kBackendCount; ++i) {
+      const bool has_a = (a.available >> i) & 1u;
+      const bool has_b = (b.available >> i) & 1u;
+      const std::string name(backend_name(static_cast<Backend>(i)));
+      if (has_a != has_b) {
+        std::string fix =
+            "install the same arbiter and backend modules on every rank (`arbiter plugins` on "
+            "each says what it loads and why not)";
+        const int lacking = has_a ? static_cast<int>(r) : 0;
+        if (lacking == self) {
+          fix += "; here, " + name + " is " + why_unavailable(registry, static_cast<Backend>(i));
+        }
+        differ("the backends they loaded",
+               "module " + name + (has_b ? " available" : " unavailable"),
+               has_a ? "it available" : "it unavailable", fix);
+      }
+      if (has_a && std::strncmp(a.builds[i], b.builds[i], sizeof a.builds[i]) != 0) {
+        differ("the build of module " + name, build_text(b.builds[i]), build_text(a.builds[i]),
+               "every rank must load the same build of each module (install the same arbiter "
+               "everywhere; ARBITER_PLUGIN_PATH may point some ranks elsewhere)");
+      }
+    }
   }
 }
 
@@ -174,6 +230,16 @@ struct Communicator::Impl {
   std::vector<std::string> dropped;
   // Why a backend has no workspace (for run_on); empty for usable ones.
   std::array<std::string, kBackendCount> no_workspace;
+
+  // Faults (communicator.h). `aborted` may be set from any thread; the rest
+  // belongs to the rank's thread.
+  std::atomic<bool> aborted{false};
+  bool faulted = false;
+  arbiter_status fault_status = ARBITER_OK;
+  std::string fault_error;
+  bool check_calls = false;
+  std::uint64_t calls = 0;  // allreduce_fusion() and run_on() calls so far
+  const common::FaultInjection& faults = common::FaultInjection::get();
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
       : oob(o), tables_policy(p), policy(std::move(p)), options(opt) {}
@@ -213,6 +279,17 @@ struct Communicator::Impl {
 
   void create(const Registry& registry);
   void destroy();
+  void abort_workspaces() noexcept;
+
+  // Before a call: OK, or the status every call gets once the communicator
+  // is unusable (into `result`).
+  bool refuse_if_faulted(Result& result) const;
+  // After a call: a status that leaves the group unusable is remembered.
+  void note(const Result& result);
+  // The check mode's exchange of call `call`'s signature; false (and
+  // `result` set) when the call is refused or the exchange failed.
+  bool check_call(const arbiter_allreduce_args& args, std::uint64_t call, Result& result);
+  Result dispatch(const arbiter_allreduce_args& args, void* stream);
 };
 
 void Communicator::Impl::create(const Registry& registry) {
@@ -228,6 +305,9 @@ void Communicator::Impl::create(const Registry& registry) {
   // value that means nothing).
   const bool mode = shared_gpu_test_from_environment();
   shared_gpu_test = mode && !options.capability.is_cpu();
+  check_calls = options.check_calls || check_calls_from_environment();
+  if (!faults.error().ok()) throw CommunicatorError(faults.error().message());
+  faults.at("create.facts", oob.rank, 0);
 
   // 1. Every rank decides identically only with identical tables, options
   // and backends: one exchange of everything that must agree.
@@ -242,14 +322,17 @@ void Communicator::Impl::create(const Registry& registry) {
   mine.nodes = options.nodes;
   mine.topology = (options.nvlink_domain ? 1u : 0u) | (options.multicast ? 2u : 0u);
   mine.available = registry.available_mask();
+  mine.check_calls = check_calls ? 1 : 0;
   for (int i = 0; i < kBackendCount; ++i) {
     if (const ModuleInfo* m = registry.info(static_cast<Backend>(i)); m && m->available) {
       mine.patterns[i] = m->caps.pattern_mask;
       mine.flags[i] = m->caps.flags;
+      std::snprintf(mine.builds[i], sizeof mine.builds[i], "%s", m->build.c_str());
     }
   }
   const auto facts = allgather(oob, mine, timeout, "what every rank must agree on");
-  check_agreement(facts);
+  check_agreement(facts, registry, oob.rank);
+  faults.at("create.workspaces", oob.rank, 0);
   // 2. The same backends on every rank: AND of what each could load, and of
   // the patterns and flags each module reported.
   const std::uint32_t local = mine.available;
@@ -360,15 +443,49 @@ void Communicator::Impl::create(const Registry& registry) {
     arbiter_workspace* handle = nullptr;
     // Collective; the module fails on every rank when it fails on any.
     const std::int32_t status = module->workspace_create(&oob, &spec, &handle);
+    if (status == ARBITER_TIMEOUT || status == ARBITER_PEER_FAILED) {
+      // The group itself failed (a rank is gone or late): no later exchange
+      // can succeed, so creation stops here, naming the step.
+      const std::string why = module->last_error();
+      faulted = true;
+      destroy();
+      throw CommunicatorError("creating the " + std::string(backend_name(b)) +
+                              " workspace failed: " + why);
+    }
     if (status != ARBITER_OK || handle == nullptr) {
       unusable_candidates |= 1u << i;
       drop(b, std::string("workspace creation failed: ") + module->last_error());
       continue;
     }
-    workspaces[i] = {module, handle};
+    workspaces[i] = {module, registry.faults(b), handle};
     usable |= 1u << i;
     patterns[i] = asked;
     no_workspace[i].clear();
+  }
+  // 4. Every rank made the same workspaces (each module's creation is
+  // collective and all-or-nothing, but a module is someone else's code).
+  faults.at("create.checked", oob.rank, 0);
+  RankOutcome outcome{};
+  outcome.usable = usable;
+  std::copy(patterns.begin(), patterns.end(), outcome.patterns);
+  std::vector<RankOutcome> outcomes;
+  try {
+    outcomes = allgather(oob, outcome, timeout, "the workspaces each rank made");
+  } catch (const CommunicatorError&) {
+    abort_workspaces();  // a peer is gone: tear down without waiting on it
+    destroy();
+    throw;
+  }
+  for (std::size_t r = 1; r < outcomes.size(); ++r) {
+    if (std::memcmp(&outcomes[r], &outcomes[0], sizeof(RankOutcome)) != 0) {
+      abort_workspaces();
+      destroy();
+      throw CommunicatorError("ranks differ in the workspaces they made: rank " +
+                              std::to_string(r) + " has " + backend_mask_names(outcomes[r].usable) +
+                              ", rank 0 has " + backend_mask_names(outcomes[0].usable) +
+                              " (or their patterns differ); a module's creation was not "
+                              "collective. Report it with `arbiter plugins` from each rank");
+    }
   }
   const bool fallback_usable =
       fallback != Backend::kNone && ((usable >> static_cast<int>(fallback)) & 1u);
@@ -404,13 +521,107 @@ void Communicator::Impl::create(const Registry& registry) {
   }
 }
 
+void Communicator::Impl::abort_workspaces() noexcept {
+  for (const Workspace& w : workspaces) {
+    if (w.handle != nullptr && w.faults != nullptr && w.faults->abort != nullptr) {
+      w.faults->abort(w.handle);
+    }
+  }
+}
+
 void Communicator::Impl::destroy() {
-  // Collective, in backend order on every rank.
+  // Collective, in backend order on every rank; after a fault or an abort,
+  // local: every workspace is aborted first, so no module waits on a peer.
+  if (faulted || aborted.load(std::memory_order_acquire)) abort_workspaces();
   for (Workspace& w : workspaces) {
     if (w.handle) w.module->workspace_destroy(w.handle);
     w = {};
   }
   usable = 0;
+}
+
+bool Communicator::Impl::refuse_if_faulted(Result& result) const {
+  if (aborted.load(std::memory_order_acquire)) {
+    result.status = ARBITER_ABORTED;
+    result.error =
+        "the communicator was aborted (abort()); destroy it, and create a new one over the "
+        "survivors' group";
+    return true;
+  }
+  if (!faulted) return false;
+  result.status = fault_status;
+  result.error =
+      "an earlier call failed and left this communicator unusable (destroy it; the survivors "
+      "can create a new one over their own group): " +
+      fault_error;
+  return true;
+}
+
+void Communicator::Impl::note(const Result& result) {
+  switch (result.status) {
+    case ARBITER_TIMEOUT:
+    case ARBITER_PEER_FAILED:
+    case ARBITER_ABORTED:
+    case ARBITER_INTERNAL:
+      if (!faulted) {
+        faulted = true;
+        fault_status = result.status;
+        fault_error = result.error;
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uint64_t call,
+                                    Result& result) {
+  struct Record {
+    common::CallSignature signature;
+    std::uint64_t call;
+  };
+  Record mine{};
+  // Known values only: an unknown pattern, dtype or algorithm is refused
+  // per rank below (the signature reads them as plain numbers).
+  mine.signature = common::signature_of(args, /*read_scale=*/false, /*with_algorithm=*/false);
+  mine.call = call;
+  std::vector<Record> all(static_cast<std::size_t>(oob.size));
+  if (const std::int32_t rc =
+          oob.allgather(oob.ctx, &mine, all.data(), sizeof(Record), options.timeout.count());
+      rc != ARBITER_OK) {
+    result.status = rc > ARBITER_OK && rc <= ARBITER_MISMATCH ? static_cast<arbiter_status>(rc)
+                                                              : ARBITER_INTERNAL;
+    if (result.status == ARBITER_UNSUPPORTED || result.status == ARBITER_MISMATCH) {
+      result.status = ARBITER_PEER_FAILED;
+    }
+    result.error = "check mode: exchanging the signature of call " + std::to_string(call) +
+                   " through the oob failed: " + oob_error(oob);
+    return false;
+  }
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r].call != all[0].call) {
+      // Calls are paired by their order: a rank made a call the others did
+      // not, and every later pair would be off by as much.
+      result.status = ARBITER_MISMATCH;
+      result.error = "check mode: rank " + std::to_string(r) + " is at call " +
+                     std::to_string(all[r].call) + ", rank 0 at call " +
+                     std::to_string(all[0].call) +
+                     " (a rank made calls the others did not); the communicator is no longer "
+                     "usable";
+      faulted = true;
+      fault_status = ARBITER_MISMATCH;
+      fault_error = result.error;
+      return false;
+    }
+    const std::string difference =
+        common::call_difference(all[0].signature, 0, all[r].signature, static_cast<int>(r));
+    if (!difference.empty()) {
+      result.status = ARBITER_MISMATCH;
+      result.error = "check mode: " + common::mismatch_message(difference, call);
+      return false;
+    }
+  }
+  return true;
 }
 
 Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry& registry,
@@ -424,7 +635,21 @@ Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry
   impl_->create(registry);
 }
 
-Communicator::~Communicator() { impl_->destroy(); }
+Communicator::~Communicator() {
+  impl_->faults.at("destroy", impl_->oob.rank, 0);
+  impl_->destroy();
+}
+
+void Communicator::abort() noexcept {
+  impl_->aborted.store(true, std::memory_order_release);
+  impl_->abort_workspaces();
+}
+
+bool Communicator::faulted() const {
+  return impl_->faulted || impl_->aborted.load(std::memory_order_acquire);
+}
+
+bool Communicator::check_calls() const { return impl_->check_calls; }
 
 Request Communicator::Impl::request_for(const arbiter_allreduce_args& args,
                                         std::uint32_t excluded) const {
@@ -504,21 +729,41 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
                                                     void* stream) noexcept {
   Result result;
   try {
+    const std::uint64_t call = impl_->calls++;
+    if (impl_->faults.armed()) impl_->faults.at("call.start", impl_->oob.rank, call);
+    if (impl_->refuse_if_faulted(result)) return result;
+    if (impl_->check_calls && !impl_->check_call(args, call, result)) {
+      impl_->note(result);
+      return result;
+    }
+    result = impl_->dispatch(args, stream);
+  } catch (const std::exception& e) {
+    result.status = ARBITER_INTERNAL;
+    result.error = e.what();
+  }
+  impl_->note(result);
+  return result;
+}
+
+Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& args,
+                                                  void* stream) {
+  Result result;
+  {
     std::uint32_t excluded = 0;
     std::array<std::string, kBackendCount> declined;  // empty unless one declines
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
-      const Decision d = impl_->decide(args, excluded);
+      const Decision d = decide(args, excluded);
       result.decision = d;
       if (d.backend == Backend::kNone) {
         // Depends only on the call's shape and what every rank shares: every
         // rank refuses alike, before anything is enqueued.
         result.status = ARBITER_UNSUPPORTED;
-        result.error = impl_->refusal(args, excluded, declined);
+        result.error = refusal(args, excluded, declined);
         return result;
       }
       arbiter_allreduce_args call = args;
       call.algorithm = static_cast<arbiter_algorithm>(d.algorithm);
-      const std::int32_t status = impl_->run_in_slices(d.backend, call, stream, result.error);
+      const std::int32_t status = run_in_slices(d.backend, call, stream, result.error);
       if (status != ARBITER_UNSUPPORTED) {
         result.status = static_cast<arbiter_status>(status);
         return result;
@@ -531,9 +776,6 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
     }
     result.status = ARBITER_INTERNAL;
     result.error = "no backend accepted the call";
-  } catch (const std::exception& e) {
-    result.status = ARBITER_INTERNAL;
-    result.error = e.what();
   }
   return result;
 }
@@ -543,6 +785,13 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
                                           void* stream) noexcept {
   Result result;
   try {
+    const std::uint64_t call = impl_->calls++;
+    if (impl_->refuse_if_faulted(result)) return result;
+    // First, before any local refusal: the exchange is collective.
+    if (impl_->check_calls && !impl_->check_call(args, call, result)) {
+      impl_->note(result);
+      return result;
+    }
     const int i = static_cast<int>(backend);
     if (i < 0 || i >= kBackendCount || static_cast<int>(algorithm) > 2) {
       result.status = ARBITER_INVALID_ARGUMENT;
@@ -567,8 +816,8 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
                      pattern_names(impl_->patterns[i]) + ")";
       return result;
     }
-    arbiter_allreduce_args call = args;
-    call.algorithm = static_cast<arbiter_algorithm>(algorithm);
+    arbiter_allreduce_args call_args = args;
+    call_args.algorithm = static_cast<arbiter_algorithm>(algorithm);
     const std::uint64_t bytes =
         Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
     const std::uint64_t capacity = impl_->capacity(backend, algorithm);
@@ -582,11 +831,12 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
       return result;
     }
     result.status =
-        static_cast<arbiter_status>(impl_->run_in_slices(backend, call, stream, result.error));
+        static_cast<arbiter_status>(impl_->run_in_slices(backend, call_args, stream, result.error));
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
+  impl_->note(result);
   return result;
 }
 

@@ -148,6 +148,16 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     if (m.available && m.name == info.name) return record("shadowed by " + m.path);
   }
   info.backend = *which.value;
+  if (const void* f = dlsym(handle->dl, ARBITER_BACKEND_FAULTS_SYMBOL_V1)) {
+    const auto* faults = static_cast<const arbiter_backend_faults_v1_t*>(f);
+    if (faults->faults_version != 1 || faults->module_version == nullptr) {
+      return record(std::string("malformed ") + ARBITER_BACKEND_FAULTS_SYMBOL_V1 +
+                    ": faults_version " + std::to_string(faults->faults_version) +
+                    " (this arbiter knows 1), or a NULL module_version");
+    }
+    info.faults = faults;
+    info.build = faults->module_version;
+  }
   arbiter_backend_caps caps{};
   const std::int32_t status = entry->probe(&options.probe, &caps);
   if (status != ARBITER_OK) return record("probe failed: " + module_error(entry));
@@ -229,6 +239,11 @@ const ModuleInfo* Registry::info(Backend backend) const {
   if (backend == Backend::kNone) return nullptr;
   const int i = impl_->index_of[static_cast<int>(backend)];
   return i < 0 ? nullptr : &impl_->modules[i];
+}
+
+const arbiter_backend_faults_v1_t* Registry::faults(Backend backend) const {
+  const ModuleInfo* m = info(backend);
+  return m != nullptr && m->available ? m->faults : nullptr;
 }
 
 std::uint32_t Registry::available_mask() const {

@@ -497,7 +497,7 @@ std::string sequence_numbers_never_wrap(int rank, const arbiter_oob& oob) {
     }
     // Every rank sets it before anyone calls again (it must agree across ranks).
     if (oob.barrier(oob.ctx, kTimeoutMs) != ARBITER_OK) return "barrier failed";
-    reinterpret_cast<arbiter::shm::Workspace*>(workspace)->oneshot_calls = counter;
+    reinterpret_cast<arbiter::shm::Workspace*>(workspace)->sequence = counter;
     if (oob.barrier(oob.ctx, kTimeoutMs) != ARBITER_OK) return "barrier failed";
     std::fill(input.begin(), input.end(), static_cast<float>(rank + 1));
     if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -44,3 +44,22 @@ if(TARGET arbiter-trtllm)
     TIMEOUT 900
     SKIP_RETURN_CODE 77)
 endif()
+
+# abort() on the fused modules in loopback mode (trtllm and, when built,
+# mnnvl): a kernel waiting on a rank that never launched returns, memory
+# comes back, the context stays usable. No Boost; exits 77 without a GPU.
+if(TARGET arbiter-trtllm)
+  add_executable(backends_abort_gpu_test ${CMAKE_CURRENT_LIST_DIR}/abort_gpu_test.cpp)
+  target_compile_definitions(backends_abort_gpu_test PRIVATE
+    ARBITER_PLUGIN_DIR="${ARBITER_PLUGIN_OUTPUT_DIR}")
+  target_include_directories(backends_abort_gpu_test PRIVATE ${CMAKE_CURRENT_LIST_DIR}/support)
+  target_link_libraries(backends_abort_gpu_test PRIVATE
+    arbiter::backend_common CUDA::cudart_static ${CMAKE_DL_LIBS} Threads::Threads)
+  add_dependencies(backends_abort_gpu_test arbiter-trtllm)
+  if(TARGET arbiter-mnnvl)
+    add_dependencies(backends_abort_gpu_test arbiter-mnnvl)
+  endif()
+  add_test(NAME backends_abort_gpu_test COMMAND backends_abort_gpu_test)
+  set_tests_properties(backends_abort_gpu_test PROPERTIES LABELS gpu TIMEOUT 600
+    SKIP_RETURN_CODE 77)
+endif()

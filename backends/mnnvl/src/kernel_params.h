@@ -29,6 +29,9 @@ struct KernelParams {
   std::uint64_t broadcast_offset = 0;  // the broadcast area, from a buffer's start
   // A wait on a peer longer than this traps (0: never).
   std::uint64_t spin_timeout_ns = 0;
+  // This rank's abort flag, in host-mapped memory (device_ops.cuh, Spin):
+  // once the host sets it, waits on peers stop.
+  const std::uint32_t* abort_flag = nullptr;
   const void* input = nullptr;
   common::EpilogueParams epilogue;
 };

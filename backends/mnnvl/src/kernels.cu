@@ -58,13 +58,15 @@ __device__ inline void store_to_all(const KernelParams& p, std::uint64_t offset,
 }
 
 // Polls `count` vectors (at `first`, `stride` apart, in this rank's memory)
-// until none holds the sentinel, and adds them in order into `sum`.
+// until none holds the sentinel, and adds them in order into `sum`. After
+// an abort (the host's flag) a wait ends with a zero vector stored where it
+// polls (Spin): the outputs are then unspecified.
 template <arbiter_dtype kDtype>
 __device__ inline void poll_and_sum(const KernelParams& p, const char* first, std::uint64_t stride,
                                     std::uint32_t count, std::uint32_t token,
                                     float (&sum)[Vector<kDtype>::kElements]) {
   constexpr unsigned kN = Vector<kDtype>::kElements;
-  Spin spin("mnnvl", p.spin_timeout_ns);
+  Spin spin("mnnvl");
   for (std::uint32_t q0 = 0; q0 < count; q0 += kPollBatch) {
     uint4 v[kPollBatch];
 #pragma unroll
@@ -75,8 +77,10 @@ __device__ inline void poll_and_sum(const KernelParams& p, const char* first, st
     for (unsigned j = 0; j < kPollBatch; ++j) {
       if (q0 + j >= count) continue;
       while (has_sentinel_word(v[j])) {
-        spin.again("mnnvl data", p.rank, q0 + j, token);
-        v[j] = load_volatile(first + (q0 + j) * stride);
+        char* const polled = const_cast<char*>(first) + (q0 + j) * stride;  // this rank's memory
+        spin.again(
+            p, [&] { store_vector(polled, make_uint4(0, 0, 0, 0)); }, "mnnvl data", q0 + j, token);
+        v[j] = load_volatile(polled);
       }
       float f[kN];
       unpack<kDtype>(v[j], f);

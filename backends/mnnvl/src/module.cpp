@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "arbiter/common/abi_entry.h"
+#include "arbiter/common/fault_injection.h"
 #include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
 #include "arbiter/mnnvl/guards.h"
@@ -67,7 +68,13 @@ struct Module {
   }
 
   static Status run(arbiter_workspace& ws, const arbiter_allreduce_args* args, void* stream) {
+    const std::uint64_t call = ws.calls++;
+    if (ws.abort.raised()) return common::aborted_call();
     if (Status s = check_call(ws.layout, args, ws.capability); !s.ok()) return s;
+    // Test-only: a rank that never launches (its peers' kernels wait for it).
+    if (common::FaultInjection::get().at("gpu.call.start", static_cast<int>(ws.rank), call)) {
+      return Status();
+    }
     const arbiter_allreduce_args& a = *args;
     KernelParams p;
     for (std::uint32_t q = 0; q < ws.world_size; ++q) p.peers[q] = ws.peers[q];
@@ -80,12 +87,15 @@ struct Module {
     p.buffer_bytes = ws.layout.buffer_bytes;
     p.broadcast_offset = ws.layout.scatter_bytes;
     p.spin_timeout_ns = ws.spin_timeout_ns;
+    p.abort_flag = ws.abort.device();
     p.input = a.input;
     return common::launch_fused(ws.device, a, ws.world_size, ws.limits, p, launch_oneshot,
                                 launch_twoshot, stream);
   }
 
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }
+
+  static void abort(arbiter_workspace& ws) { ws.abort.raise(); }
 };
 
 }  // namespace
@@ -93,3 +103,6 @@ struct Module {
 
 extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 =
     arbiter::common::BackendEntries<arbiter::mnnvl::Module>::table();
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_faults_v1_t arbiter_backend_v1_faults =
+    arbiter::common::BackendEntries<arbiter::mnnvl::Module>::faults();

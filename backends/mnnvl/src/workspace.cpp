@@ -241,6 +241,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   mine.rank = common::identify_rank(kHelloMagic, spec.device);
   if (local.ok()) local = check_spec(oob, spec);
   if (local.ok()) local = common::use_device(scope, spec.device);
+  if (local.ok()) local = ws.abort.allocate();  // freed with the workspace object
   if (local.ok()) local = describe(spec, ws, mine);
   std::vector<Hello> hellos;
   Status s = common::gather_records(oob, mine, local, spec.timeout_ms, &hellos);
@@ -301,7 +302,7 @@ void destroy_workspace(arbiter_workspace& ws) {
   // memory alive until every rank has unmapped it (loopback peers are plain
   // pointers), so there is nothing left to free after the second barrier.
   common::destroy_peer_mapped(
-      ws.oob, ws.timeout_ms, ws.device, [&] { release(ws); }, [] {});
+      ws.oob, ws.timeout_ms, ws.device, [&] { release(ws); }, [] {}, /*local=*/ws.abort.raised());
 }
 
 }  // namespace arbiter::mnnvl

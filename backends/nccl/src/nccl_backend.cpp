@@ -18,6 +18,14 @@
 // covers is a peer that dies after a collective was enqueued: the GPU work
 // then waits on the stream, as in any NCCL program.
 //
+// abort() (the faults companion) may come from any thread while run() is in
+// NCCL on the rank's own: it marks the workspace aborted (run() and a
+// pending settle loop stop at once), then, holding the workspace's mutex
+// (so that no other NCCL call on the communicator is in flight),
+// ncclCommAbort()s it: NCCL's kernels poll NCCL's own host-mapped abort
+// flag and exit, the communicator is freed, and every later run() returns
+// ARBITER_ABORTED. Teardown is then local.
+//
 // run() allocates nothing itself, but NCCL connects to peers lazily on the
 // first collective of each algorithm (NCCL_RUNTIME_CONNECT=1, the default),
 // which allocates: run every shape once before CUDA-graph capture, or set
@@ -27,12 +35,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -67,6 +77,10 @@ struct arbiter_workspace {
   // finalised, and run() refuses to use it.
   bool broken = false;
   std::string broken_reason;
+  // abort() from any thread: set first, then the communicator is aborted
+  // under `mutex`, which run() holds while it calls NCCL.
+  std::atomic<bool> aborted{false};
+  std::mutex mutex;
 };
 
 namespace {
@@ -125,10 +139,13 @@ class Deadline {
 };
 
 // Polls a non-blocking communicator until `r` is no longer ncclInProgress.
-// Returns ncclInProgress when the deadline passed first.
-ncclResult_t settle(ncclComm_t comm, ncclResult_t r, const Deadline& deadline) {
+// Returns ncclInProgress when the deadline passed first, or `aborted` (if
+// given) was set.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, const Deadline& deadline,
+                    const std::atomic<bool>* aborted = nullptr) {
   for (int polls = 0; r == ncclInProgress; ++polls) {
     if (deadline.passed()) return ncclInProgress;
+    if (aborted != nullptr && aborted->load(std::memory_order_acquire)) return ncclInProgress;
     if (polls < 1000) {
       std::this_thread::yield();
     } else {
@@ -473,8 +490,11 @@ Status check_args(const arbiter_workspace& ws, const arbiter_allreduce_args& a) 
 Status all_reduce(arbiter_workspace& ws, const void* send, void* recv, size_t count,
                   arbiter_dtype dtype, cudaStream_t stream) {
   ncclResult_t r = ncclAllReduce(send, recv, count, nccl_dtype(dtype), ncclSum, ws.comm, stream);
-  r = settle(ws.comm, r, Deadline(ws.timeout_ms));
+  r = settle(ws.comm, r, Deadline(ws.timeout_ms), &ws.aborted);
   if (r == ncclSuccess) return {};
+  if (ws.aborted.load(std::memory_order_acquire)) {
+    return error(ARBITER_ABORTED, "aborted (abort()) while ncclAllReduce was being enqueued");
+  }
   ws.broken = true;
   Status s = r == ncclInProgress
                  ? error(ARBITER_TIMEOUT, "ncclAllReduce was still being enqueued after " +
@@ -490,6 +510,12 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     return report(error(ARBITER_INVALID_ARGUMENT, "run: workspace and args must not be NULL"));
   }
   const arbiter_allreduce_args& a = *args;
+  const std::lock_guard<std::mutex> lock(ws->mutex);  // abort() waits for NCCL calls to end
+  if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) {
+    return report(error(ARBITER_ABORTED,
+                        "the workspace was aborted (abort(): ncclCommAbort); destroy it and "
+                        "create a new one"));
+  }
   Status s = check_args(*ws, a);
   if (!s.ok()) return report(s);
   if (ws->broken) {
@@ -631,10 +657,26 @@ int32_t abi_run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void*
 void abi_workspace_destroy(arbiter_workspace* ws) {
   if (ws == nullptr) return;
   guarded([&] {
-    release(*ws, false);
+    release(*ws, ws->aborted.load(std::memory_order_acquire));
     return ARBITER_OK;
   });
   delete ws;
+}
+
+void abi_abort(arbiter_workspace* ws) {
+  if (ws == nullptr) return;
+  ws->aborted.store(true, std::memory_order_release);
+  try {
+    const std::lock_guard<std::mutex> lock(ws->mutex);
+    if (ws->comm != nullptr) {
+      DeviceScope scope;
+      scope.use(ws->device);
+      ncclCommAbort(ws->comm);  // NCCL's kernels see NCCL's abort flag and exit
+      ws->comm = nullptr;
+    }
+  } catch (...) {
+    // std::mutex::lock may throw on a system error; abort() reports nothing.
+  }
 }
 
 const char* abi_last_error() { return t_last_error.c_str(); }
@@ -650,4 +692,15 @@ extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arb
     abi_run,
     abi_workspace_destroy,
     abi_last_error,
+};
+
+#ifndef ARBITER_MODULE_VERSION
+#define ARBITER_MODULE_VERSION "unknown"
+#endif
+
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {
+    1,
+    ARBITER_MODULE_VERSION,
+    abi_abort,
 };

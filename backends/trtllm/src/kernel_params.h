@@ -1,5 +1,6 @@
 // What one launch of a trtllm kernel receives, by value (a few hundred bytes
-// of kernel parameters; nothing is read from host memory).
+// of kernel parameters; nothing else is read from host memory but the abort
+// flag, and that only while a wait on a peer lasts).
 //
 // Every rank's workspace base is in peers[], as mapped in this process (an
 // IPC mapping, or the plain pointer of a virtual rank in loopback mode); the
@@ -33,6 +34,9 @@ struct KernelParams {
   // A wait on a peer that takes longer than this traps (0: waits forever):
   // a lost peer then ends in a CUDA error instead of a silent hang.
   std::uint64_t spin_timeout_ns = 0;
+  // This rank's abort flag, in host-mapped memory (device_ops.cuh, Spin):
+  // once the host sets it, waits on peers stop.
+  const std::uint32_t* abort_flag = nullptr;
   // The call: this rank's input, and everything the epilogue writes.
   const void* input = nullptr;
   common::EpilogueParams epilogue;

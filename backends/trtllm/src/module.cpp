@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "arbiter/common/abi_entry.h"
+#include "arbiter/common/fault_injection.h"
 #include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
 #include "arbiter/trtllm/guards.h"
@@ -58,7 +59,13 @@ struct Module {
   }
 
   static Status run(arbiter_workspace& ws, const arbiter_allreduce_args* args, void* stream) {
+    const std::uint64_t call = ws.calls++;
+    if (ws.abort.raised()) return common::aborted_call();
     if (Status s = check_call(ws.layout, args, ws.capability); !s.ok()) return s;
+    // Test-only: a rank that never launches (its peers' kernels wait for it).
+    if (common::FaultInjection::get().at("gpu.call.start", static_cast<int>(ws.rank), call)) {
+      return Status();
+    }
     const arbiter_allreduce_args& a = *args;
     KernelParams p;
     for (std::uint32_t q = 0; q < ws.world_size; ++q) p.peers[q] = ws.peers[q];
@@ -73,12 +80,15 @@ struct Module {
     p.twoshot_input_offset = ws.layout.twoshot_input_offset();
     p.twoshot_sum_offset = ws.layout.twoshot_sum_offset();
     p.spin_timeout_ns = ws.spin_timeout_ns;
+    p.abort_flag = ws.abort.device();
     p.input = a.input;
     return common::launch_fused(ws.device, a, ws.world_size, ws.limits, p, launch_oneshot,
                                 launch_twoshot, stream);
   }
 
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }
+
+  static void abort(arbiter_workspace& ws) { ws.abort.raise(); }
 };
 
 }  // namespace
@@ -86,3 +96,6 @@ struct Module {
 
 extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arbiter_backend_v1 =
     arbiter::common::BackendEntries<arbiter::trtllm::Module>::table();
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_faults_v1_t arbiter_backend_v1_faults =
+    arbiter::common::BackendEntries<arbiter::trtllm::Module>::faults();

@@ -87,14 +87,16 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
     }
   }
 
-  // 3. Poll, sum in rank order, epilogue.
+  // 3. Poll, sum in rank order, epilogue. After an abort (the host's flag)
+  // a wait ends with a zero vector stored where it polls (Spin); the sums
+  // are then unspecified.
   for (std::uint32_t t = cluster; t < p.tokens; t += clusters) {
     float sum[kN];
 #pragma unroll
     for (unsigned k = 0; k < kN; ++k) sum[k] = 0.0f;
     if (lane.active) {
       const std::uint64_t offset = stage_base + t * row_bytes + lane_bytes;
-      Spin spin("trtllm", p.spin_timeout_ns);
+      Spin spin("trtllm");
       for (std::uint32_t q0 = 0; q0 < p.world_size; q0 += kPollBatch) {
         uint4 v[kPollBatch];
 #pragma unroll
@@ -105,8 +107,11 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
         for (unsigned j = 0; j < kPollBatch; ++j) {
           if (q0 + j >= p.world_size) continue;
           while (has_sentinel<kDtype>(v[j])) {
-            spin.again("one-shot data", p.rank, q0 + j, t);
-            v[j] = load_volatile(self + offset + (q0 + j) * p.slot_bytes);
+            char* const polled = self + offset + (q0 + j) * p.slot_bytes;
+            spin.again(
+                p, [&] { store_vector(polled, make_uint4(0, 0, 0, 0)); }, "one-shot data", q0 + j,
+                t);
+            v[j] = load_volatile(polled);
           }
           float f[kN];
           unpack<kDtype>(v[j], f);

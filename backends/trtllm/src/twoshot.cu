@@ -35,7 +35,9 @@ using common::Epilogue;
 constexpr unsigned kPullBatch = 4;
 
 // Every rank's CTA blockIdx.x has reached epoch `target`; its stores before
-// the barrier are visible to the CTAs that pass it.
+// the barrier are visible to the CTAs that pass it. After an abort (the
+// host's flag) a waiting thread stores the epoch into its own word (Spin),
+// so the barrier ends; every thread still passes the __syncthreads.
 __device__ void cross_rank_barrier(const KernelParams& p, std::uint64_t target) {
   using namespace common::device;
   __syncthreads();
@@ -48,10 +50,11 @@ __device__ void cross_rank_barrier(const KernelParams& p, std::uint64_t target) 
     // before the flag for observers on any GPU: a system-scope release is
     // cumulative, so no fence is needed before it.
     store_release_system(flags(q) + p.rank, target);
-    const std::uint64_t* mine = flags(p.rank) + q;
-    Spin spin("trtllm", p.spin_timeout_ns);
+    std::uint64_t* const mine = flags(p.rank) + q;
+    Spin spin("trtllm");
     while (load_acquire_system(mine) < target) {
-      spin.again("two-shot barrier", p.rank, q, blockIdx.x);
+      spin.again(
+          p, [&] { store_release_system(mine, target); }, "two-shot barrier", q, blockIdx.x);
     }
   }
   __syncthreads();

@@ -214,6 +214,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   Status local = common::kernel_timeout_ns(&ws.spin_timeout_ns);
   if (local.ok()) local = check_spec(oob, spec);
   if (local.ok()) local = common::use_device(scope, spec.device);
+  if (local.ok()) local = ws.abort.allocate();  // freed with the workspace object
   if (local.ok()) local = prepare(spec, ws, mine);
   std::vector<Hello> hellos;
   Status s = common::gather_records(oob, mine, local, spec.timeout_ms, &hellos);
@@ -253,7 +254,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 void destroy_workspace(arbiter_workspace& ws) {
   common::destroy_peer_mapped(
       ws.oob, ws.timeout_ms, ws.device, [&] { close_peer_mappings(ws); },
-      [&] { unmap_and_free(ws); });
+      [&] { unmap_and_free(ws); }, /*local=*/ws.abort.raised());
 }
 
 }  // namespace arbiter::trtllm

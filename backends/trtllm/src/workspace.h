@@ -27,6 +27,7 @@ common::Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_
 
 // Collective: waits for this rank's device, then for every rank, unmaps the
 // peers and frees the allocation. Never fails; a lost peer only shortens it.
+// After abort() it is local: it waits on no peer.
 void destroy_workspace(arbiter_workspace& ws);
 
 }  // namespace arbiter::trtllm

@@ -87,7 +87,7 @@ typedef struct arbiter_comm_options {
   uint32_t nodes;         /* 0 is read as 1 */
   uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto) as the C++ and Python defaults */
   uint32_t multicast;     /* bool */
-  int32_t device; /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
+  int32_t device;      /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
   uint32_t max_tokens; /* the largest call; 0 (unknown): what the tables fuse */
   uint32_t hidden;
   arbiter_dtype dtype;
@@ -147,7 +147,28 @@ int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out);
  * may be exactly input or residual_in; other overlaps are refused. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
-/* Collective. */
+/* Thread-safe: callable from any thread while `comm` exists (not
+ * concurrently with arbiter_comm_destroy), e.g. from a framework's watchdog
+ * while another thread waits in arbiter_comm_allreduce_fusion. That call
+ * returns ARBITER_ABORTED (shm: within a few milliseconds), peers waiting on
+ * this rank return ARBITER_PEER_FAILED naming it (shm: within a second),
+ * GPU kernels waiting on a peer stop waiting (their outputs are then
+ * unspecified), every later call returns ARBITER_ABORTED at once, and
+ * arbiter_comm_destroy no longer waits on any peer. Never blocks on a peer.
+ *
+ * Faults: a call that fails with ARBITER_TIMEOUT, ARBITER_PEER_FAILED,
+ * ARBITER_ABORTED or ARBITER_INTERNAL leaves the communicator unusable
+ * (every later call fails at once) and its destroy local; a dead peer on
+ * the same host is named within a second (shm). A call whose tokens,
+ * pattern, eps, flags or buffers given differ across ranks returns
+ * ARBITER_MISMATCH on every rank, naming the field and the ranks, and
+ * writes nothing; the communicator stays usable. The shm backend always
+ * checks; for GPU backends ARBITER_CHECK_CALLS=1 (every rank alike)
+ * all-gathers each call's signature through the oob first (a debug mode:
+ * one exchange per call). */
+int32_t arbiter_comm_abort(arbiter_comm* comm);
+/* Collective, unless a call failed or arbiter_comm_abort was called: then
+ * local, waiting on no peer. */
 void arbiter_comm_destroy(arbiter_comm* comm);
 
 #ifdef __cplusplus

@@ -23,9 +23,39 @@
 // take are refused per call, with the mode named in the error. Every rank
 // must run in the mode, or none.
 //
-// Thread-safety: one thread at a time per communicator (the rank's).
+// Faults. A call that fails with ARBITER_TIMEOUT, ARBITER_PEER_FAILED,
+// ARBITER_ABORTED or ARBITER_INTERNAL leaves the communicator unusable:
+// every later call returns at once with that status and the first error,
+// and the destructor no longer waits on any peer (it aborts every workspace
+// first, so a dead rank cannot hold up teardown). The shm backend notices a
+// dead peer process on this host within milliseconds while a call waits,
+// and names it. abort(), from any thread, makes a waiting call return
+// ARBITER_ABORTED (shm: within a few milliseconds) and its peers
+// ARBITER_PEER_FAILED; GPU kernels waiting on a peer stop waiting. After a
+// fault the survivors create a new communicator over their own group.
+//
+// Calls that differ across ranks. Every rank must make the same calls in
+// the same order (only the data differs). A call whose signature differs on
+// some rank (tokens, hidden, pattern, dtype, eps, weight_bias, flags, which
+// buffers are given: arbiter/common/call_signature.h) is refused on every
+// rank with ARBITER_MISMATCH, naming the field and the ranks, before any
+// output is written; the communicator stays usable. The shm backend always
+// checks, at no measurable cost (the signature rides on the flag its
+// algorithms exchange anyway). For the GPU backends the check is a mode
+// (options.check_calls, or ARBITER_CHECK_CALLS=1): before each call every
+// rank all-gathers the call's signature through the oob, one exchange per
+// call (tens of microseconds through the UCX bootstrap), which is why it
+// is off by default; arbiter's own test suites switch it on. Under CUDA
+// graph capture the check runs once, at capture. What a refused, failed or
+// aborted call leaves in its outputs: refused (ARBITER_MISMATCH,
+// ARBITER_UNSUPPORTED, ARBITER_INVALID_ARGUMENT): untouched; failed or
+// aborted: unspecified.
+//
+// Thread-safety: one thread at a time per communicator (the rank's), except
+// abort(), which any thread may call while the communicator exists.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -65,6 +95,10 @@ struct CommunicatorOptions {
   // with N for trtllm (three one-shot stages of world size x N per GPU); shm
   // stops at (3 x world size + 5) x 1 MiB in /dev/shm and streams the rest.
   std::uint64_t fused_workspace_bytes = 0;
+  // The check mode (see above): each call's signature is all-gathered
+  // through the oob before it runs. Also on when ARBITER_CHECK_CALLS=1.
+  // Every rank must agree (creation checks).
+  bool check_calls = false;
 };
 
 // Thrown by the constructor; every rank throws (creation is all or nothing).
@@ -114,6 +148,20 @@ class Communicator {
   // rank, same arguments but the buffers). Never throws.
   Result run_on(Backend backend, Algorithm algorithm, const arbiter_allreduce_args& args,
                 void* stream) noexcept;
+
+  // Thread-safe: any thread, any number of times, while the communicator
+  // exists (not concurrently with its destructor). Aborts every workspace
+  // (the modules' arbiter_backend_v1_faults): a call waiting on a peer
+  // returns ARBITER_ABORTED, peers waiting on this rank return
+  // ARBITER_PEER_FAILED naming it, every later call returns
+  // ARBITER_ABORTED at once, and the destructor waits on no peer.
+  // Never throws, never blocks on a peer.
+  void abort() noexcept;
+  // Whether abort() was called or a call failed in a way that left the
+  // communicator unusable (see above).
+  bool faulted() const;
+  // Whether the check mode is on.
+  bool check_calls() const;
 
   const Policy& policy() const;
   int rank() const;

@@ -25,6 +25,12 @@ struct ModuleInfo {
   std::string reason;              // why not available; empty when available
   std::optional<Backend> backend;  // the policy's backend this module serves
   arbiter_backend_caps caps{};     // valid when available
+  // The module's faults companion (arbiter_backend_v1_faults), or nullptr
+  // for a module built before it: its workspaces cannot be aborted.
+  const arbiter_backend_faults_v1_t* faults = nullptr;
+  // The module's build as it reports it ("" without the companion); a
+  // communicator refuses ranks that loaded different builds.
+  std::string build;
   // The system library the module runs on, when it has one: for nccl
   // "libnccl.so.2 2.28.3 (/path; how it was found)". Empty otherwise.
   std::string dependency;
@@ -77,6 +83,8 @@ class Registry {
   // The available module serving `backend`, or nullptr.
   const arbiter_backend_v1_t* backend(Backend backend) const;
   const ModuleInfo* info(Backend backend) const;
+  // Its faults companion, or nullptr (none, or no available module).
+  const arbiter_backend_faults_v1_t* faults(Backend backend) const;
   // Bit (1 << Backend) for every available backend.
   std::uint32_t available_mask() const;
 

@@ -717,8 +717,11 @@ BootstrapStatus StarGroup::client_run(Op op, std::uint32_t seq, const void* send
   std::unique_ptr<Inbound> result;
   std::optional<BootstrapStatus> failure;
   auto done = [&] {
-    if (std::unique_ptr<Inbound> error =
-            take([](const Inbound& m) { return m.header.kind == kError; })) {
+    // Only an error about this collective or an earlier one: rank 0 may
+    // already report a later collective's failure (a rank that died right
+    // after this one completed) while this one's result is still queued.
+    if (std::unique_ptr<Inbound> error = take(
+            [&](const Inbound& m) { return m.header.kind == kError && m.header.seq <= seq; })) {
       failure = BootstrapStatus{static_cast<arbiter_status>(error->header.status),
                                 error->text() + " (reported by rank 0)"};
       return true;

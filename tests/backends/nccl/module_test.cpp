@@ -66,7 +66,7 @@ BOOST_AUTO_TEST_CASE(exports_abi_v1_named_nccl) {
   BOOST_TEST(api.last_error() != nullptr);
 }
 
-BOOST_AUTO_TEST_CASE(exports_no_symbol_but_the_v1_entry) {
+BOOST_AUTO_TEST_CASE(exports_no_symbol_but_the_abi_entries) {
   arbiter::test::check_exports_only_the_v1_entry("nccl");
 }
 

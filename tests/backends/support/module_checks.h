@@ -88,8 +88,10 @@ inline void check_exports_abi_v1(const std::string& name) {
   if (api.last_error != nullptr) BOOST_TEST(api.last_error() != nullptr);
 }
 
-// `nm -D --defined-only` lists arbiter_backend_v1 and nothing else: the
-// module's CUDA runtime, kernels and helpers stay private.
+// `nm -D --defined-only` lists the ABI entries and nothing else
+// (arbiter_backend_v1 and its faults companion, arbiter_backend_v1_faults,
+// whose build string is set and whose abort() exists): the module's CUDA
+// runtime, kernels and helpers stay private.
 inline void check_exports_only_the_v1_entry(const std::string& name) {
   const std::string path = module_path(name);
   const auto result = run_command("nm -D --defined-only " + shell_quote(path));
@@ -105,7 +107,17 @@ inline void check_exports_only_the_v1_entry(const std::string& name) {
     line.clear();
   }
   BOOST_TEST_INFO("nm -D --defined-only:\n" << result.output);
-  BOOST_TEST(symbols == std::vector<std::string>{"arbiter_backend_v1"});
+  BOOST_TEST(
+      (symbols == std::vector<std::string>{"arbiter_backend_v1", "arbiter_backend_v1_faults"}));
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  BOOST_REQUIRE(handle != nullptr);
+  const auto* faults = static_cast<const arbiter_backend_faults_v1_t*>(
+      dlsym(handle, ARBITER_BACKEND_FAULTS_SYMBOL_V1));
+  BOOST_REQUIRE(faults != nullptr);
+  BOOST_TEST(faults->faults_version == 1u);
+  BOOST_TEST((faults->module_version != nullptr && *faults->module_version != '\0'));
+  BOOST_TEST(faults->abort != nullptr);
+  dlclose(handle);
 }
 
 // probe(GPU 0): without a driver, ARBITER_UNAVAILABLE with "no CUDA driver".

@@ -21,15 +21,32 @@ namespace arbiter::test::shm_harness {
 
 inline constexpr std::int64_t kTimeoutMs = 20000;
 
+inline void* shm_module_handle() {
+  static void* handle = [] {
+    void* h = dlopen(ARBITER_PLUGIN_DIR "/libarbiter-shm.so", RTLD_NOW | RTLD_LOCAL);
+    BOOST_TEST_REQUIRE(h != nullptr, "dlopen: " << dlerror());
+    return h;
+  }();
+  return handle;
+}
+
 inline const arbiter_backend_v1_t& shm() {
   static const arbiter_backend_v1_t* module = [] {
-    void* handle = dlopen(ARBITER_PLUGIN_DIR "/libarbiter-shm.so", RTLD_NOW | RTLD_LOCAL);
-    BOOST_TEST_REQUIRE(handle != nullptr, "dlopen: " << dlerror());
-    void* symbol = dlsym(handle, ARBITER_BACKEND_SYMBOL_V1);
+    void* symbol = dlsym(shm_module_handle(), ARBITER_BACKEND_SYMBOL_V1);
     BOOST_TEST_REQUIRE(symbol != nullptr);
     return static_cast<const arbiter_backend_v1_t*>(symbol);
   }();
   return *module;
+}
+
+// The module's faults companion (abort, build).
+inline const arbiter_backend_faults_v1_t& shm_faults() {
+  static const arbiter_backend_faults_v1_t* faults = [] {
+    void* symbol = dlsym(shm_module_handle(), ARBITER_BACKEND_FAULTS_SYMBOL_V1);
+    BOOST_TEST_REQUIRE(symbol != nullptr);
+    return static_cast<const arbiter_backend_faults_v1_t*>(symbol);
+  }();
+  return *faults;
 }
 
 inline std::set<std::string> shm_entries() {

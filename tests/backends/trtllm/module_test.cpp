@@ -17,7 +17,7 @@ BOOST_AUTO_TEST_CASE(loads_with_dlopen_without_libcuda_or_a_shared_cudart) {
 
 BOOST_AUTO_TEST_CASE(exports_abi_v1_named_trtllm) { test::check_exports_abi_v1("trtllm"); }
 
-BOOST_AUTO_TEST_CASE(exports_no_symbol_but_the_v1_entry) {
+BOOST_AUTO_TEST_CASE(exports_no_symbol_but_the_abi_entries) {
   test::check_exports_only_the_v1_entry("trtllm");
 }
 

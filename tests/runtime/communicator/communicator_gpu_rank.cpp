@@ -15,19 +15,33 @@
 //           refused with the reason where it does not
 //   c_api   the C API with every option at zero but the device and shape:
 //           a norm and a plain all-reduce
+//   check   the check mode (options.check_calls): a call whose token count
+//           differs on the last rank is refused on every rank before any
+//           kernel is enqueued, the next call runs; and the mode's cost per
+//           call at 1, 4 and 16 tokens (bf16, hidden 4096), against the same
+//           calls without it, trials interleaved
+//   abort   rank 1 never launches call 5 (ARBITER_TEST_FAULT=1:gpu.call.start
+//           @5:skip, set by the test): rank 0's kernel waits for it until a
+//           thread calls abort(); the stream must then end without a CUDA
+//           error, every later call fail at once, teardown wait on nobody,
+//           device memory come back, and a new communicator run right
 //
 // Prints "decision <what>: <backend> <algorithm> fused|unfused: ok|<problem>"
 // (rank 0, or any rank with a problem), "refused <what>: <message>" for
 // refusals, then "rank R: OK" and exits 0 when everything holds.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arbiter/arbiter.h"
@@ -421,6 +435,215 @@ int run_c_api(arbiter::Bootstrap& boot, const Device& device) {
   return failures;
 }
 
+arbiter::CommunicatorOptions gpu_options(const Device& device, bool check_calls) {
+  arbiter::CommunicatorOptions o;
+  o.capability = arbiter::Capability::sm(static_cast<std::uint16_t>(device.capability));
+  o.device = device.ordinal;
+  o.max_tokens = 64;
+  o.hidden = 4096;
+  o.dtype = arbiter::Dtype::kBf16;
+  o.timeout = std::chrono::seconds(60);
+  o.check_calls = check_calls;
+  return o;
+}
+
+const arbiter::Registry& gpu_registry(const Device& device) {
+  static const arbiter::Registry registry = [&] {
+    arbiter::DiscoverOptions discover = arbiter::DiscoverOptions::from_environment();
+    discover.probe = {ARBITER_DEVICE_GPU, device.ordinal};
+    return arbiter::Registry::discover(discover);
+  }();
+  return registry;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+int run_check(arbiter::Bootstrap& boot, const Device& device) {
+  const arbiter::Policy policy = arbiter::Policy::from_environment();
+  arbiter::Communicator plain(*boot.oob(), policy, gpu_registry(device),
+                              gpu_options(device, false));
+  arbiter::Communicator checked(*boot.oob(), policy, gpu_registry(device),
+                                gpu_options(device, true));
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::size_t elements = std::size_t{16} * 4096;
+  DeviceBuffer input(make_input(boot.rank(), elements, ARBITER_DTYPE_BF16));
+  DeviceBuffer output(elements * 2);
+  auto args = [&](std::uint32_t tokens) {
+    arbiter_allreduce_args a{};
+    a.pattern = ARBITER_PATTERN_ALLREDUCE;
+    a.dtype = ARBITER_DTYPE_BF16;
+    a.tokens = tokens;
+    a.hidden = 4096;
+    a.input = input.get();
+    a.allreduce_out = output.get();
+    return a;
+  };
+  int failures = 0;
+  // The last rank passes 4 tokens where the others pass 8: refused before
+  // any kernel is enqueued (without the check, trtllm's one-shot kernels
+  // would wait for 8 tokens from a rank that sends 4: a hang).
+  const bool odd = boot.rank() == boot.world_size() - 1;
+  const auto refused = checked.allreduce_fusion(args(odd ? 4 : 8), stream);
+  const bool ok =
+      refused.status == ARBITER_MISMATCH &&
+      refused.error.find("check mode: call 0 differs across ranks in tokens") != std::string::npos;
+  std::printf("check refused: status %d: %s\n", refused.status, refused.error.c_str());
+  if (!ok) ++failures;
+  const auto next = checked.allreduce_fusion(args(8), stream);
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (next.status != ARBITER_OK) {
+    ++failures;
+    std::printf("rank %d: the call after the refusal: %s\n", boot.rank(), next.error.c_str());
+  }
+  // The cost: 200 calls back to back per trial, 5 trials, with and without
+  // the check alternating; the median per-call time of each.
+  constexpr int kCalls = 200;
+  constexpr int kTrials = 5;
+  for (std::uint32_t tokens : {1u, 4u, 16u}) {
+    std::vector<double> with, without;
+    for (int trial = -1; trial < kTrials; ++trial) {
+      for (arbiter::Communicator* comm : {&plain, &checked}) {
+        if (!boot.barrier(std::chrono::seconds(60)).ok()) throw std::runtime_error("barrier");
+        const auto start = std::chrono::steady_clock::now();
+        for (int c = 0; c < kCalls; ++c) {
+          const auto r = comm->allreduce_fusion(args(tokens), stream);
+          if (r.status != ARBITER_OK) throw std::runtime_error("timed call: " + r.error);
+        }
+        check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        const double us = seconds_since(start) * 1e6 / kCalls;
+        if (trial >= 0) (comm == &plain ? without : with).push_back(us);
+      }
+    }
+    std::sort(with.begin(), with.end());
+    std::sort(without.begin(), without.end());
+    if (boot.rank() == 0) {
+      std::printf(
+          "check mode cost at %u tokens (bf16, hidden 4096, %d ranks, 5 trials of %d calls): "
+          "without %.2f us/call [%.2f-%.2f], with %.2f us/call [%.2f-%.2f], +%.2f us\n",
+          tokens, boot.world_size(), kCalls, without[kTrials / 2], without.front(), without.back(),
+          with[kTrials / 2], with.front(), with.back(), with[kTrials / 2] - without[kTrials / 2]);
+    }
+  }
+  cudaStreamDestroy(stream);
+  return failures;
+}
+
+std::size_t free_device_memory() {
+  std::size_t free = 0;
+  std::size_t total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
+int run_abort(arbiter::Bootstrap& boot, const Device& device) {
+  const arbiter::Policy policy = arbiter::Policy::from_environment();
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::size_t elements = std::size_t{16} * 4096;
+  DeviceBuffer input(make_input(boot.rank(), elements, ARBITER_DTYPE_BF16));
+  DeviceBuffer output(elements * 2);
+  arbiter_allreduce_args a{};
+  a.pattern = ARBITER_PATTERN_ALLREDUCE;
+  a.dtype = ARBITER_DTYPE_BF16;
+  a.tokens = 1;
+  a.hidden = 4096;
+  a.input = input.get();
+  a.allreduce_out = output.get();
+  int failures = 0;
+  auto fail = [&](const std::string& what) {
+    ++failures;
+    std::printf("rank %d: %s\n", boot.rank(), what.c_str());
+  };
+  // Device-wide free memory, taken while every rank holds only its context
+  // and buffers (the ranks may share the GPU).
+  if (!boot.barrier(std::chrono::seconds(60)).ok()) throw std::runtime_error("barrier");
+  const std::size_t free_before = free_device_memory();
+  {
+    auto comm = std::make_unique<arbiter::Communicator>(*boot.oob(), policy, gpu_registry(device),
+                                                        gpu_options(device, false));
+    for (int call = 0; call < 5; ++call) {
+      const auto r = comm->allreduce_fusion(a, stream);
+      if (r.status != ARBITER_OK) throw std::runtime_error("warm-up call: " + r.error);
+      if (r.decision.backend != Backend::kTrtllm && r.decision.backend != Backend::kMnnvl) {
+        fail("1 token did not go to a fused GPU backend; the test proves nothing");
+      }
+    }
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (!boot.barrier(std::chrono::seconds(60)).ok()) throw std::runtime_error("barrier");
+    // Call 5: rank 1 returns without launching (the test's fault hook).
+    const auto r = comm->allreduce_fusion(a, stream);
+    if (r.status != ARBITER_OK) fail("call 5: " + r.error);
+    if (boot.rank() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (cudaStreamQuery(stream) != cudaErrorNotReady) {
+        fail("rank 0's kernel did not wait for rank 1 (is ARBITER_TEST_FAULT set?)");
+      }
+      std::atomic<long long> aborted_at{0};
+      std::thread watchdog([&] {
+        aborted_at = std::chrono::steady_clock::now().time_since_epoch().count();
+        comm->abort();
+      });
+      watchdog.join();
+      cudaError_t e = cudaErrorNotReady;
+      while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (std::chrono::steady_clock::now().time_since_epoch().count() - aborted_at >
+            10'000'000'000LL) {
+          break;
+        }
+      }
+      const double ms =
+          static_cast<double>(std::chrono::steady_clock::now().time_since_epoch().count() -
+                              aborted_at) /
+          1e6;
+      if (e != cudaSuccess) fail(std::string("after abort(): ") + cudaGetErrorString(e));
+      std::printf(
+          "abort: the kernel waiting on rank 1 (never launched) returned %.3f ms after "
+          "abort()\n",
+          ms);
+      if (ms > 100.0)
+        fail("the waiting kernel returned " + std::to_string(ms) + " ms after abort()");
+    } else {
+      comm->abort();  // as a watchdog on this rank would
+    }
+    const auto refused_at = std::chrono::steady_clock::now();
+    const auto later = comm->allreduce_fusion(a, stream);
+    if (later.status != ARBITER_ABORTED || seconds_since(refused_at) > 0.01) {
+      fail("a call after abort(): status " + std::to_string(later.status) + ": " + later.error);
+    }
+    const auto teardown = std::chrono::steady_clock::now();
+    comm.reset();
+    std::printf("abort: rank %d: teardown %.3f ms\n", boot.rank(), seconds_since(teardown) * 1e3);
+    if (seconds_since(teardown) > 2.0) fail("teardown after abort() waited");
+  }
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after abort");
+  if (!boot.barrier(std::chrono::seconds(60)).ok()) throw std::runtime_error("barrier");
+  const std::size_t free_after = free_device_memory();
+  std::printf(
+      "abort: rank %d: free device memory %zu MiB before creation, %zu MiB after teardown\n",
+      boot.rank(), free_before >> 20, free_after >> 20);
+  if (free_after + (std::size_t{16} << 20) < free_before) fail("device memory did not come back");
+  // The context is healthy: a new communicator over the same group runs right.
+  unsetenv("ARBITER_TEST_FAULT");
+  arbiter::Communicator again(*boot.oob(), policy, gpu_registry(device),
+                              gpu_options(device, false));
+  const CallFn call = [&](const arbiter_allreduce_args& x, std::string* decision,
+                          std::string* error) {
+    const auto r = again.allreduce_fusion(x, stream);
+    *decision = std::string(arbiter::backend_name(r.decision.backend));
+    *error = r.error;
+    return r.status;
+  };
+  const Outcome o = run_case(
+      boot, Case{ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_DTYPE_BF16, 7, 4096}, call, stream);
+  if (!o.problem.empty()) fail("a new communicator after abort: " + o.problem);
+  cudaStreamDestroy(stream);
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -435,8 +658,16 @@ int main(int argc, char** argv) try {
     arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
     failures = run_c_api(boot, device);
     if (failures == 0) std::printf("rank %d: OK\n", boot.rank());
+  } else if (mode == "check") {
+    arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
+    failures = run_check(boot, device);
+    if (failures == 0) std::printf("rank %d: OK\n", boot.rank());
+  } else if (mode == "abort") {
+    arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
+    failures = run_abort(boot, device);
+    if (failures == 0) std::printf("rank %d: OK\n", boot.rank());
   } else {
-    std::fprintf(stderr, "unknown mode %s (cases, c_api)\n", mode.c_str());
+    std::fprintf(stderr, "unknown mode %s (cases, c_api, check, abort)\n", mode.c_str());
     return 2;
   }
   return failures == 0 ? 0 : 1;

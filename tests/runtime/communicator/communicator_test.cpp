@@ -15,12 +15,13 @@ using namespace arbiter::test;
 namespace {
 
 // Every rank reads the defaults with cpu rows capped at 4 MiB (see the file),
-// so that the fallback is reachable with messages of a few MiB.
+// so that the fallback is reachable with messages of a few MiB. The check
+// mode is on, as in every test suite: each call's signature is all-gathered.
 CommandResult launch(int ranks, const std::string& mode) {
-  return run_command(std::string("env -u ARBITER_BACKENDS ARBITER_CONFIG=") + ARBITER_TEST_DATA +
-                     "/good/cpu_cap_4mib.yaml " + ARBITER_BIN + " launch --nproc " +
-                     std::to_string(ranks) + " --timeout 240 -- " + COMMUNICATOR_RANK_BIN + " " +
-                     mode);
+  return run_command(std::string("env -u ARBITER_BACKENDS ARBITER_CHECK_CALLS=1 ARBITER_CONFIG=") +
+                     ARBITER_TEST_DATA + "/good/cpu_cap_4mib.yaml " + ARBITER_BIN +
+                     " launch --nproc " + std::to_string(ranks) + " --timeout 240 -- " +
+                     COMMUNICATOR_RANK_BIN + " " + mode);
 }
 
 int arbiter_shm_files() {

@@ -4,7 +4,8 @@
  * caps flags); probe() claims a GPU of capability 103 (GB300) and every
  * pattern, or those of RECORDING_<NAME>_PATTERNS (a decimal mask) when set.
  * Like a real module it refuses to be asked for a pattern its caps lack.
- * The counts are read through exported functions. */
+ * It has a faults companion whose build is RECORDING_BUILD and whose
+ * abort() is counted. The counts are read through exported functions. */
 #include <ctype.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@ struct arbiter_workspace {
 static atomic_long g_runs[3]; /* by arbiter_algorithm */
 static atomic_long g_bytes;
 static atomic_long g_fp4_runs;
+static atomic_long g_aborts;
 static atomic_uint g_asked; /* spec->pattern_mask of the last creation */
 static uint32_t g_patterns = 15;
 static char g_error[128];
@@ -83,11 +85,23 @@ static void destroy(arbiter_workspace* ws) { free(ws); }
 
 static const char* last_error(void) { return g_error; }
 
+static void abort_workspace(arbiter_workspace* ws) {
+  (void)ws;
+  atomic_fetch_add(&g_aborts, 1);
+}
+
+#ifndef RECORDING_BUILD
+#define RECORDING_BUILD "recording 1"
+#endif
+
 EXPORT const arbiter_backend_v1_t arbiter_backend_v1 = {
     ARBITER_BACKEND_ABI_VERSION, RECORDING_NAME, probe, create, 0, run, destroy, last_error};
+EXPORT const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {1, RECORDING_BUILD,
+                                                                      abort_workspace};
 
 /* Calls per algorithm since load; bytes in all. */
 EXPORT long recording_runs(int algorithm) { return atomic_load(&g_runs[algorithm]); }
 EXPORT long recording_bytes(void) { return atomic_load(&g_bytes); }
 EXPORT long recording_fp4_runs(void) { return atomic_load(&g_fp4_runs); }
 EXPORT unsigned recording_asked_patterns(void) { return atomic_load(&g_asked); }
+EXPORT long recording_aborts(void) { return atomic_load(&g_aborts); }

@@ -51,6 +51,9 @@ std::int32_t guarded(std::string& last_error, const char* module, Body&& body) {
 //   std::uint64_t max_message_bytes(const arbiter_workspace&, arbiter_algorithm);
 //   Status run(arbiter_workspace&, const arbiter_allreduce_args*, void* stream);
 //   void destroy(arbiter_workspace&);              (collective teardown)
+//   void abort(arbiter_workspace&);                (any thread; never blocks)
+// and faults() the companion (arbiter_backend_faults_v1_t) with the
+// module's build, ARBITER_MODULE_VERSION (backends/CMakeLists.txt).
 // Instantiate where arbiter_workspace is a complete type (Workspace is a
 // parameter only so that the allocation is checked there, not here).
 template <typename Impl, typename Workspace = arbiter_workspace>
@@ -106,6 +109,20 @@ struct BackendEntries {
     delete ws;
   }
   static const char* last_error() { return error().c_str(); }
+  static void abort(arbiter_workspace* ws) {
+    if (ws == nullptr) return;
+    try {
+      Impl::abort(*ws);
+    } catch (...) {
+      // abort() never throws; nothing to report through a void entry point.
+    }
+  }
+
+#ifdef ARBITER_MODULE_VERSION
+  static constexpr arbiter_backend_faults_v1_t faults() {
+    return arbiter_backend_faults_v1_t{1, ARBITER_MODULE_VERSION, &abort};
+  }
+#endif
 
   static constexpr arbiter_backend_v1_t table() {
     return arbiter_backend_v1_t{ARBITER_BACKEND_ABI_VERSION, Impl::kName, &probe,   &create,

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "arbiter/common/abort_flag.h"
 #include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/call_checks.h"
 #include "arbiter/common/cuda/epilogue_params.h"
@@ -33,7 +34,17 @@ struct FusedRank {
   // GPU), so every rank picks the same launch configuration.
   DeviceLimits limits;
   std::uint64_t spin_timeout_ns = 0;  // kernel_timeout_ns()
+  // Set by the module's abort() (any thread); the kernels poll it.
+  AbortFlag abort;
+  std::uint64_t calls = 0;  // run() calls so far (test-only fault injection)
 };
+
+// What run() returns once abort() was called on the workspace.
+inline Status aborted_call() {
+  return Status(ARBITER_ABORTED,
+                "the workspace was aborted (abort()): its kernels stopped waiting on peers and "
+                "left their outputs unspecified; destroy it and create a new one");
+}
 
 // A fused module's caps on a device of `capability` (major * 10 + minor)
 // with kernels built for `archs`: every dtype, one-shot and two-shot, every
@@ -88,16 +99,21 @@ Status launch_fused(int device, const arbiter_allreduce_args& a, std::uint32_t w
 // finish, then every rank's (nobody touches the group's memory any more);
 // `unmap` drops this rank's mappings of its peers' memory; once every rank
 // has done so, `free_own` frees this rank's own. Never fails: a lost peer
-// only shortens the barriers (each ends at timeout_ms).
+// only shortens the barriers (each ends at timeout_ms). After an abort
+// (`local`) the teardown waits on no peer: this rank's kernels have stopped
+// waiting (the abort flag), so it unmaps and frees at once. A live peer
+// whose kernel still runs must be aborted too (the runtime aborts every
+// workspace after a fault; a watchdog calls abort() on each rank), or its
+// stores may reach memory this rank freed.
 template <typename Unmap, typename FreeOwn>
 void destroy_peer_mapped(const arbiter_oob& oob, std::int64_t timeout_ms, int device, Unmap unmap,
-                         FreeOwn free_own) {
+                         FreeOwn free_own, bool local = false) {
   DeviceScope scope;
   scope.use(device);
   cudaDeviceSynchronize();
-  oob.barrier(oob.ctx, timeout_ms);
+  if (!local) oob.barrier(oob.ctx, timeout_ms);
   unmap();
-  oob.barrier(oob.ctx, timeout_ms);
+  if (!local) oob.barrier(oob.ctx, timeout_ms);
   free_own();
   cudaGetLastError();
 }

@@ -186,35 +186,67 @@ __device__ inline std::uint64_t global_timer_ns() {
   return t;
 }
 
-// A spin that gives up: after `timeout_ns` (0: never) it reports what it was
-// waiting for and traps, which fails the stream with a CUDA error the host
-// sees, instead of hanging the job forever.
+// A relaxed load at system scope: sees the host's stores to host-mapped
+// memory (the abort flag) without caching them.
+__device__ inline std::uint32_t load_relaxed_system(const std::uint32_t* p) {
+  std::uint32_t value;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(p) : "memory");
+  return value;
+}
+
+// A spin on a peer that gives up. Every 1024 failed polls (never on a poll
+// that succeeds, so the fast path pays nothing) it reads the workspace's
+// abort flag, which the host sets in host-mapped memory (the module's
+// abort(), from any host thread), and the clock: after the workspace's
+// timeout (0: never) it reports what it was waiting for and traps, which
+// fails the stream with a CUDA error the host sees, instead of hanging the
+// job forever.
+//
+// Aborting does not trap (that would poison the whole CUDA context). The
+// waiting thread makes its own wait come true instead: `release` (the
+// caller's) stores what it polls for where it polls (a non-sentinel vector
+// into its own slot, the awaited epoch into its own flag word), so the
+// loop ends by its own condition and the kernel goes on, through its
+// barriers, to its end; its outputs are then unspecified and the module
+// refuses every later call. Each later wait of an aborted kernel ends at its
+// first check, 1024 polls in. Why this shape: the kernels run at their
+// register limit, and both a second loop exit and a sticky "aborted" state
+// spilled (sm_90a and sm_100a); the flag and the timeout are read from the
+// kernel's parameters (abort_flag, spin_timeout_ns) at each check, and the
+// start time is kept in 32 bits, for the same reason.
 class Spin {
  public:
   // `module` names the backend in the message ("trtllm", "mnnvl").
-  __device__ Spin(const char* module, std::uint64_t timeout_ns)
-      : module_(module), timeout_ns_(timeout_ns) {}
+  __device__ explicit Spin(const char* module) : module_(module) {}
 
   // Call once per failed poll.
-  __device__ void again(const char* what, std::uint32_t rank, std::uint32_t peer,
+  template <typename Params, typename Release>
+  __device__ void again(const Params& p, Release release, const char* what, std::uint32_t peer,
                         std::uint32_t token) {
-    if (timeout_ns_ == 0 || (++polls_ & 1023u) != 0) return;
-    const std::uint64_t now = global_timer_ns();
+    if ((++polls_ & 1023u) != 0) return;
+    if (p.abort_flag != nullptr && load_relaxed_system(p.abort_flag) != 0) {
+      release();
+      return;
+    }
+    if (p.spin_timeout_ns == 0) return;
+    // In units of 2^20 ns (about a millisecond), 32 bits: 49 days before the
+    // difference wraps. Odd once started.
+    const std::uint32_t now = static_cast<std::uint32_t>(global_timer_ns() >> 20) | 1u;
     if (start_ == 0) {
       start_ = now;
-    } else if (now - start_ > timeout_ns_) {
+    } else if ((std::uint64_t{now - start_} << 20) > p.spin_timeout_ns) {
       printf(
           "arbiter %s: rank %u waited over %llu ms for rank %u (%s, token %u); "
           "a peer is gone or diverged. Aborting the kernel.\n",
-          module_, rank, static_cast<unsigned long long>(timeout_ns_ / 1000000), peer, what, token);
+          module_, p.rank, static_cast<unsigned long long>(p.spin_timeout_ns / 1000000), peer, what,
+          token);
       __trap();
     }
   }
 
  private:
   const char* module_;
-  std::uint64_t timeout_ns_;
-  std::uint64_t start_ = 0;
+  std::uint32_t start_ = 0;  // 0: not started
   std::uint32_t polls_ = 0;
 };
 

@@ -1,0 +1,123 @@
+"""Faults through the Python binding, as issue 32 tried them: CPU ranks
+started by hand with torchrun's variables (no launcher, so nothing stops the
+survivors), Communicator.from_environment(hidden=1024, dtype="fp32",
+max_tokens=64, timeout=20), the shm backend.
+
+- a rank SIGKILLed between calls is named within a second (it took the whole
+  20 s timeout, naming the wrong rank), the next call fails at once, close()
+  is prompt, nothing is left in /dev/shm, and the survivors' new communicator
+  over their own group runs exactly;
+- Communicator.abort() from another thread returns the waiting call within
+  100 ms (ABORTED) and its peers' (PEER_FAILED, naming the rank);
+- calls that differ across ranks (tokens, eps, residual or an output given on
+  one rank only) raise MISMATCH on every rank, and the next call runs.
+
+Each rank is faults_worker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import arbiter
+from arbiter.errors import Status
+
+pytest.importorskip("numpy")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "faults_worker.py")
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(arbiter.__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_objects() -> set:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("arbiter-shm-")}
+
+
+def start(tmp_path, nproc: int, scenario: str) -> list[dict]:
+    """Runs the worker as `nproc` ranks by hand; returns each rank's record."""
+    (tmp_path / "survivors").mkdir()
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONDONTWRITEBYTECODE="1", WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()), ARBITER_JOB_TOKEN=uuid.uuid4().hex,
+        UCX_TLS="tcp,self", UCX_NET_DEVICES="lo",
+    )
+    for name in ("ARBITER_CONFIG", "ARBITER_BACKENDS", "ARBITER_CHECK_CALLS",
+                 "ARBITER_TEST_FAULT"):
+        env.pop(name, None)
+    ranks = []
+    for r in range(nproc):
+        ranks.append(subprocess.Popen(
+            [sys.executable, WORKER, scenario, str(tmp_path)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in ranks]
+    records = []
+    for r in range(nproc):
+        path = tmp_path / f"rank{r}.json"
+        records.append(json.loads(path.read_text()) if path.exists() else
+                       {"missing": outputs[r], "returncode": ranks[r].returncode})
+    return records
+
+
+def test_a_rank_killed_between_calls_is_named_within_a_second(tmp_path):
+    before = shm_objects()
+    records = start(tmp_path, 3, "kill")
+    assert "missing" in records[2], "the killed rank wrote a record"
+    for r in (0, 1):
+        rec = records[r]
+        assert "exception" not in rec, rec
+        failed = rec["failed"]
+        assert failed["status"] == Status.PEER_FAILED, rec
+        assert "rank 2 died" in failed["message"], failed
+        assert failed["seconds"] <= 1.0, failed
+        assert rec["next"]["status"] == Status.PEER_FAILED and rec["next"]["seconds"] < 0.05, rec
+        assert rec["close_seconds"] < 0.5, rec
+        assert rec["survivors"] == "ok", rec
+    assert shm_objects() <= before
+
+
+def test_abort_from_another_thread_returns_the_call_and_its_peers(tmp_path):
+    before = shm_objects()
+    records = start(tmp_path, 3, "abort")
+    for rec in records:
+        assert "exception" not in rec, rec
+    aborted = records[0]["abort_at"]
+    assert records[0]["failed"]["status"] == Status.ABORTED, records[0]
+    assert records[0]["returned_at"] - aborted <= 0.1, records[0]
+    assert records[1]["failed"]["status"] == Status.PEER_FAILED, records[1]
+    assert "rank 0 aborted" in records[1]["failed"]["message"], records[1]
+    assert records[1]["returned_at"] - aborted <= 1.0, records[1]
+    assert records[2]["failed"]["status"] == Status.PEER_FAILED, records[2]
+    for rec in records:
+        assert rec["next"]["status"] != 0 and rec["next"]["seconds"] < 0.05, rec
+        assert rec["close_seconds"] < 0.5, rec
+    assert shm_objects() <= before
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_calls_that_differ_across_ranks_raise_mismatch_on_every_rank(tmp_path, nproc):
+    records = start(tmp_path, nproc, "mismatch")
+    fields = {"tokens": "in tokens: ", "eps": "in eps: ", "residual on one rank only":
+              "in pattern: ", "an output on one rank only": "in the buffers given: "}
+    for r, rec in enumerate(records):
+        assert "exception" not in rec, rec
+        for case, field in fields.items():
+            assert rec[case]["status"] == Status.MISMATCH, (r, case, rec[case])
+            assert field in rec[case]["message"], (r, case, rec[case])
+            assert f"rank {nproc - 1}" in rec[case]["message"], (r, case, rec[case])
+            assert rec[case + ": next"]["status"] == 0, (r, case, rec[case + ": next"])

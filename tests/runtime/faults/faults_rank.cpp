@@ -1,0 +1,345 @@
+// One rank of the runtime fault tests (faults_test.cpp), started by hand
+// with torchrun's variables, as a user without a launcher would (`arbiter
+// launch` would stop the survivors). CPU ranks, shm, hidden 1024, fp32,
+// max_tokens 64, as in issue 32's reproduction. Modes:
+//   calls     exact calls until one fails (a peer faults through
+//             ARBITER_TEST_FAULT), then: the next call, the teardown, and a
+//             new communicator over the survivors' own group
+//   create    creation (a peer faults during it), then the survivors' group
+//   abort     rank 0 aborts from another thread while its call waits on the
+//             last rank, which calls 1.5 s late; then a new communicator
+//             over the same group
+//   mismatch  the matrix of calls that differ across ranks (the last rank
+//             differs), each followed by a matching call
+// Prints one line per finding ("failed call N after S s: status X: ...",
+// "teardown S s", "survivors ok", ...) and "rank R: done" at the end.
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arbiter/bootstrap.h"
+#include "arbiter/communicator.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::uint32_t kHidden = 1024;
+constexpr std::uint32_t kMaxTokens = 64;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+void say(int rank, const std::string& line) {
+  std::printf("rank %d: %s\n", rank, line.c_str());
+  std::fflush(stdout);
+}
+
+arbiter::CommunicatorOptions options() {
+  arbiter::CommunicatorOptions o;
+  o.capability = arbiter::Capability::cpu();
+  o.hidden = kHidden;
+  o.dtype = arbiter::Dtype::kFp32;
+  o.max_tokens = kMaxTokens;
+  o.timeout = std::chrono::milliseconds(env_int("FAULTS_TIMEOUT_MS", 20000));
+  return o;
+}
+
+// Loaded once; every communicator refers to it (it must outlive them).
+const arbiter::Registry& cpu_registry() {
+  static const arbiter::Registry registry = [] {
+    arbiter::DiscoverOptions d = arbiter::DiscoverOptions::from_environment();
+    d.probe = {ARBITER_DEVICE_CPU, -1};
+    return arbiter::Registry::discover(d);
+  }();
+  return registry;
+}
+
+// The buffers of one call, exact small integers: rank r adds r + 1 + call.
+struct Buffers {
+  std::vector<float> input, output, residual, residual_out, norm_out, gamma;
+  Buffers()
+      : input(kMaxTokens * kHidden),
+        output(kMaxTokens * kHidden),
+        residual(kMaxTokens * kHidden, 0.5f),
+        residual_out(kMaxTokens * kHidden),
+        norm_out(kMaxTokens * kHidden),
+        gamma(kHidden, 1.0f) {}
+
+  arbiter_allreduce_args allreduce(int rank, int call, std::uint32_t tokens) {
+    std::fill(input.begin(), input.end(), static_cast<float>(rank + 1 + call));
+    std::fill(output.begin(), output.end(), -1.0f);
+    arbiter_allreduce_args a{};
+    a.pattern = ARBITER_PATTERN_ALLREDUCE;
+    a.dtype = ARBITER_DTYPE_FP32;
+    a.tokens = tokens;
+    a.hidden = kHidden;
+    a.input = input.data();
+    a.allreduce_out = output.data();
+    return a;
+  }
+
+  arbiter_allreduce_args norm(int rank, std::uint32_t tokens) {
+    arbiter_allreduce_args a = allreduce(rank, 0, tokens);
+    a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+    a.allreduce_out = nullptr;
+    a.residual_in = residual.data();
+    a.residual_out = residual_out.data();
+    a.gamma = gamma.data();
+    a.eps = 1e-6f;
+    a.norm_out = norm_out.data();
+    return a;
+  }
+
+  // "" when the sums of `tokens` are right for `ranks` ranks.
+  std::string check(int ranks, int call, std::uint32_t tokens) const {
+    const float expected = static_cast<float>(ranks * (ranks + 1) / 2 + ranks * call);
+    for (std::size_t i = 0; i < std::size_t{tokens} * kHidden; ++i) {
+      if (output[i] != expected) {
+        return "element " + std::to_string(i) + " is " + std::to_string(output[i]) + ", expected " +
+               std::to_string(expected);
+      }
+    }
+    return "";
+  }
+};
+
+// Calls of 1..64 tokens (one-shot and two-shot at 2 ranks, unfused at 3).
+std::uint32_t tokens_of(int call) { return 1 + static_cast<std::uint32_t>(call * 13) % kMaxTokens; }
+
+// `calls` exact calls; "" when all ran right.
+std::string run_exactly(arbiter::Communicator& comm, int calls) {
+  Buffers b;
+  for (int call = 0; call < calls; ++call) {
+    const std::uint32_t tokens = tokens_of(call);
+    const arbiter_allreduce_args a = b.allreduce(comm.rank(), call, tokens);
+    const auto r = comm.allreduce_fusion(a, nullptr);
+    if (r.status != ARBITER_OK) return "call " + std::to_string(call) + ": " + r.error;
+    if (std::string p = b.check(comm.world_size(), call, tokens); !p.empty()) {
+      return "call " + std::to_string(call) + ": " + p;
+    }
+  }
+  return "";
+}
+
+// The survivors' own group: every rank but `victim`, renumbered, on
+// FAULTS_SURVIVOR_PORT; a new communicator over it runs 20 calls exactly.
+void survivors(int rank, int world_size, int victim, const std::string& token) {
+  arbiter::BootstrapOptions o;
+  o.rank = rank < victim ? rank : rank - 1;
+  o.world_size = world_size - 1;
+  o.local_rank = o.rank;
+  o.master_port = static_cast<std::uint16_t>(env_int("FAULTS_SURVIVOR_PORT", 0));
+  o.job_token = "survivors-" + token;
+  o.timeout = std::chrono::seconds(20);
+  try {
+    arbiter::Bootstrap group = arbiter::Bootstrap::connect(o);
+    arbiter::Communicator comm(*group.oob(), arbiter::Policy::from_environment(), cpu_registry(),
+                               options());
+    const std::string problem = run_exactly(comm, 20);
+    say(rank, problem.empty() ? "survivors ok" : "survivors failed: " + problem);
+  } catch (const std::exception& e) {
+    say(rank, std::string("survivors failed: ") + e.what());
+  }
+}
+
+using CommunicatorPtr = std::unique_ptr<arbiter::Communicator>;
+
+CommunicatorPtr make_communicator(const arbiter_oob& oob) {
+  return std::make_unique<arbiter::Communicator>(oob, arbiter::Policy::from_environment(),
+                                                 cpu_registry(), options());
+}
+
+// Destroys `comm`, saying how long it took (it must not wait on the dead).
+void teardown(int rank, CommunicatorPtr& comm) {
+  const auto started = Clock::now();
+  comm.reset();
+  say(rank, "teardown " + std::to_string(since(started)) + " s");
+}
+
+void mode_calls(int rank, arbiter::Bootstrap& boot) {
+  CommunicatorPtr comm = make_communicator(*boot.oob());
+  Buffers b;
+  int call = 0;
+  for (; call < 400; ++call) {
+    const std::uint32_t tokens = tokens_of(call);
+    const auto started = Clock::now();
+    const auto r = comm->allreduce_fusion(b.allreduce(rank, call, tokens), nullptr);
+    if (r.status != ARBITER_OK) {
+      say(rank, "failed call " + std::to_string(call) + " after " + std::to_string(since(started)) +
+                    " s: status " + std::to_string(r.status) + ": " + r.error);
+      break;
+    }
+    if (std::string p = b.check(boot.world_size(), call, tokens); !p.empty()) {
+      say(rank, "wrong result in call " + std::to_string(call) + ": " + p);
+      return;
+    }
+  }
+  if (call == 400) {
+    say(rank, "no call failed");
+    return;
+  }
+  const auto again = Clock::now();
+  const auto r = comm->allreduce_fusion(b.allreduce(rank, call + 1, 4), nullptr);
+  say(rank, "next call status " + std::to_string(r.status) + " after " +
+                std::to_string(since(again)) + " s");
+  teardown(rank, comm);
+}
+
+void mode_create(int rank, arbiter::Bootstrap& boot) {
+  const auto started = Clock::now();
+  try {
+    CommunicatorPtr comm = make_communicator(*boot.oob());
+    say(rank, "created");
+    teardown(rank, comm);
+  } catch (const arbiter::CommunicatorError& e) {
+    say(rank, "creation failed after " + std::to_string(since(started)) + " s: " + e.what());
+  }
+}
+
+// Rank 0 aborts 300 ms into a call that the last rank joins 1.5 s late.
+void mode_abort(int rank, arbiter::Bootstrap& boot) {
+  CommunicatorPtr comm = make_communicator(*boot.oob());
+  if (std::string p = run_exactly(*comm, 10); !p.empty()) {
+    say(rank, "before the abort: " + p);
+    return;
+  }
+  const bool late = rank == boot.world_size() - 1;
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::thread aborter;
+  if (rank == 0) {
+    aborter = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      say(rank, "abort at " + std::to_string(now_ns()));
+      comm->abort();
+    });
+  }
+  Buffers b;
+  const auto r = comm->allreduce_fusion(b.allreduce(rank, 10, 8), nullptr);
+  say(rank, "returned at " + std::to_string(now_ns()) + ": status " + std::to_string(r.status) +
+                ": " + r.error);
+  if (aborter.joinable()) aborter.join();
+  const auto again = Clock::now();
+  const auto next = comm->allreduce_fusion(b.allreduce(rank, 11, 8), nullptr);
+  say(rank, "next call status " + std::to_string(next.status) + " after " +
+                std::to_string(since(again)) + " s");
+  teardown(rank, comm);
+  // Nobody died: the same group makes a new communicator.
+  try {
+    comm = make_communicator(*boot.oob());
+    const std::string p = run_exactly(*comm, 20);
+    say(rank, p.empty() ? "survivors ok" : "survivors failed: " + p);
+  } catch (const std::exception& e) {
+    say(rank, std::string("survivors failed: ") + e.what());
+  }
+}
+
+// The last rank makes a different call; every rank must refuse it, then
+// the next matching call must be exact.
+void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
+  CommunicatorPtr comm = make_communicator(*boot.oob());
+  const bool odd = rank == boot.world_size() - 1;
+  struct Case {
+    const char* name;
+    void (*odd)(arbiter_allreduce_args&, Buffers&);
+    bool norm;
+    std::uint32_t tokens;
+  };
+  const Case cases[] = {
+      {"tokens 8 vs 4", [](arbiter_allreduce_args& a, Buffers&) { a.tokens = 4; }, false, 8},
+      {"tokens 64 vs 1", [](arbiter_allreduce_args& a, Buffers&) { a.tokens = 1; }, true, 64},
+      {"eps 1e-6 vs 1e-2", [](arbiter_allreduce_args& a, Buffers&) { a.eps = 1e-2f; }, true, 4},
+      {"pattern (residual given on one rank only)",
+       [](arbiter_allreduce_args& a, Buffers& b) {
+         a = b.allreduce(0, 0, a.tokens);
+         a.input = b.input.data();
+       },
+       true, 4},
+      {"residual_out given on one rank only",
+       [](arbiter_allreduce_args& a, Buffers&) { a.residual_out = nullptr; }, true, 4},
+      {"hidden 1024 vs 512", [](arbiter_allreduce_args& a, Buffers&) { a.hidden = 512; }, false, 4},
+      {"dtype fp32 vs bf16",
+       [](arbiter_allreduce_args& a, Buffers&) { a.dtype = ARBITER_DTYPE_BF16; }, false, 4},
+  };
+  const bool check_mode = comm->check_calls();
+  int call = 0;
+  for (const Case& c : cases) {
+    // A dtype the workspace was not made for is refused locally on the odd
+    // rank, before any exchange: only the check mode makes it collective.
+    if (!check_mode && std::string(c.name).rfind("dtype", 0) == 0) continue;
+    Buffers b;
+    arbiter_allreduce_args a = c.norm ? b.norm(rank, c.tokens) : b.allreduce(rank, 0, c.tokens);
+    if (odd) c.odd(a, b);
+    const auto started = Clock::now();
+    const auto r = comm->allreduce_fusion(a, nullptr);
+    say(rank, std::string("mismatch ") + c.name + ": status " + std::to_string(r.status) +
+                  " after " + std::to_string(since(started)) + " s: " + r.error);
+    Buffers exact;
+    const auto next = comm->allreduce_fusion(exact.allreduce(rank, call, 8), nullptr);
+    const std::string p =
+        next.status == ARBITER_OK ? exact.check(boot.world_size(), call, 8) : next.error;
+    say(rank, std::string("after ") + c.name + ": " + (p.empty() ? "exact" : p));
+    ++call;
+  }
+  teardown(rank, comm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "calls";
+  const int rank = env_int("RANK", 0);
+  const int victim = env_int("FAULTS_VICTIM", -1);
+  const std::string token =
+      std::getenv("ARBITER_JOB_TOKEN") ? std::getenv("ARBITER_JOB_TOKEN") : "";
+  if (const char* dir = std::getenv("FAULTS_DIR")) {
+    std::ofstream(std::string(dir) + "/pid." + std::to_string(rank)) << getpid() << "\n";
+  }
+  try {
+    arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment(std::chrono::seconds(20));
+    if (mode == "calls") {
+      mode_calls(rank, boot);
+    } else if (mode == "create") {
+      mode_create(rank, boot);
+    } else if (mode == "abort") {
+      mode_abort(rank, boot);
+    } else if (mode == "mismatch") {
+      mode_mismatch(rank, boot);
+    } else {
+      say(rank, "unknown mode " + mode);
+      return 2;
+    }
+    // A stopped victim: the survivors end it, now that they are done with it.
+    if (const char* stop = std::getenv("FAULTS_KILL_VICTIM");
+        stop && victim >= 0 && rank != victim) {
+      std::ifstream in(std::string(std::getenv("FAULTS_DIR")) + "/pid." + std::to_string(victim));
+      pid_t pid = 0;
+      if (in >> pid && pid > 0) kill(pid, SIGKILL);
+    }
+    if (victim >= 0 && mode != "abort") survivors(rank, boot.world_size(), victim, token);
+  } catch (const std::exception& e) {
+    say(rank, std::string("exception: ") + e.what());
+    return 1;
+  }
+  say(rank, "done");
+  return 0;
+}

@@ -1,0 +1,299 @@
+// Faults through the whole runtime: 2 and 3 CPU rank processes started by
+// hand with torchrun's variables (no launcher, which would stop the
+// survivors), meeting over the UCX bootstrap, the shm backend under the
+// communicator. One rank is made to die or stop at a named step of
+// creation or of a call (the test-only ARBITER_TEST_FAULT). Each test
+// asserts every survivor's error, how long it took and what it says, that
+// every later call fails at once, that teardown waits on nobody, that
+// nothing is left in /dev/shm, and that the survivors' new communicator over
+// their own group runs exactly. Then abort() from another thread, and the
+// matrix of calls that differ across ranks (with and without the check
+// mode), each refused on every rank.
+#define BOOST_TEST_MODULE runtime_faults
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_command.h"
+
+using namespace arbiter::test;
+
+namespace {
+
+// A port nobody listens on now (the kernel's pick for a bound socket).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw std::runtime_error("no free port");
+  }
+  const int port = ntohs(address.sin_port);
+  close(fd);
+  return port;
+}
+
+int shm_objects() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind("arbiter-shm-", 0) == 0;
+  }
+  return n;
+}
+
+struct Run {
+  std::vector<std::string> outputs;  // per rank
+  std::string all;                   // every rank's, for messages
+};
+
+// Starts `ranks` processes of the rank program in `mode` and waits for all
+// (each is killed after 90 s). `fault` is ARBITER_TEST_FAULT; `victim` the
+// rank it names (-1: none); `extra` more VAR=value words.
+Run start(int ranks, const std::string& mode, const std::string& fault, int victim,
+          const std::string& extra = "") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("arbiter-faults-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device()()));
+  std::filesystem::create_directories(dir);
+  const std::string token = "faults-" + std::to_string(std::random_device()());
+  std::ostringstream script;
+  script << "cd " << shell_quote(dir.string()) << " && (";
+  for (int r = 0; r < ranks; ++r) {
+    script << "env -u ARBITER_BACKENDS -u ARBITER_CHECK_CALLS ARBITER_CONFIG="
+           << shell_quote(std::string(ARBITER_TEST_DATA) + "/good/cpu_cap_4mib.yaml")
+           << " RANK=" << r << " WORLD_SIZE=" << ranks << " LOCAL_RANK=" << r
+           << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << free_port() << " ARBITER_JOB_TOKEN=" << token
+           << " UCX_TLS=tcp,self UCX_NET_DEVICES=lo"
+           << " ARBITER_TEST_FAULT=" << shell_quote(fault) << " FAULTS_VICTIM=" << victim
+           << " FAULTS_DIR=" << shell_quote(dir.string()) << " " << extra << " timeout -s KILL 90 "
+           << FAULTS_RANK_BIN << " " << mode << " > out." << r << " 2>&1 & ";
+  }
+  script << "wait)";
+  // Every rank needs the same MASTER_PORT: substitute one port for all.
+  std::string command = script.str();
+  const int port = free_port();
+  const int survivor_port = free_port();
+  command = std::regex_replace(command, std::regex("MASTER_PORT=[0-9]+"),
+                               "MASTER_PORT=" + std::to_string(port) +
+                                   " FAULTS_SURVIVOR_PORT=" + std::to_string(survivor_port));
+  run_command(command);
+  Run run;
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream in(dir / ("out." + std::to_string(r)));
+    std::stringstream text;
+    text << in.rdbuf();
+    run.outputs.push_back(text.str());
+    run.all += "--- rank " + std::to_string(r) + "\n" + text.str();
+  }
+  std::filesystem::remove_all(dir);
+  BOOST_TEST_MESSAGE(run.all);  // --log_level=message shows what every rank said
+  return run;
+}
+
+bool contains(const std::string& s, const std::string& w) { return s.find(w) != std::string::npos; }
+
+// The seconds in "<prefix> after S s" on `output`, or -1.
+double seconds_after(const std::string& output, const std::string& prefix) {
+  const std::regex pattern(prefix + "[^\n]*? after ([0-9.]+) s");
+  std::smatch m;
+  return std::regex_search(output, m, pattern) ? std::stod(m[1]) : -1.0;
+}
+
+// The first line of `output` that contains `part`.
+std::string line_with(const std::string& output, const std::string& part) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (contains(line, part)) return line;
+  }
+  return "";
+}
+
+// What every survivor of a call fault must show: its failing call names
+// `named` within `bound` seconds with `status`, the next call fails at
+// once, teardown is immediate, and the survivors' group runs exactly.
+void check_call_fault(const Run& run, int victim, int status, const std::string& named,
+                      double bound) {
+  for (std::size_t r = 0; r < run.outputs.size(); ++r) {
+    if (static_cast<int>(r) == victim) continue;
+    const std::string& out = run.outputs[r];
+    BOOST_TEST_CONTEXT("rank " << r) {
+      const std::string failed = line_with(out, "failed call");
+      BOOST_TEST(!failed.empty(), run.all);
+      BOOST_TEST(contains(failed, "status " + std::to_string(status) + ":"), failed);
+      BOOST_TEST(contains(failed, named), failed);
+      const double waited = seconds_after(out, "failed call");
+      BOOST_TEST((waited >= 0 && waited <= bound), "waited " << waited << " s: " << failed);
+      const double next = seconds_after(out, "next call status");
+      BOOST_TEST((next >= 0 && next < 0.05), line_with(out, "next call"));
+      BOOST_TEST(!contains(line_with(out, "next call"), "status 0 "), run.all);
+      const std::regex teardown("teardown ([0-9.]+) s");
+      std::smatch m;
+      BOOST_TEST_REQUIRE(std::regex_search(out, m, teardown), run.all);
+      BOOST_TEST(std::stod(m[1]) < 0.5, "teardown took " << m[1] << " s");
+      BOOST_TEST(contains(out, "survivors ok"), run.all);
+      BOOST_TEST(contains(out, "done"), run.all);
+    }
+  }
+}
+
+}  // namespace
+
+// The case: the last of 3 ranks is SIGKILLed between calls (at the
+// start of call 100, before it publishes anything); 2 ranks too, by _exit
+// in the middle of a call. Today's bound was the whole timeout (20 s).
+BOOST_AUTO_TEST_CASE(a_rank_killed_between_calls_is_named_within_a_second) {
+  const int before = shm_objects();
+  for (int ranks : {3, 2}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      const int victim = ranks - 1;
+      const std::string fault = ranks == 3 ? std::to_string(victim) + ":call.start@100:kill"
+                                           : std::to_string(victim) + ":shm.call.met@100:exit";
+      const Run run = start(ranks, "calls", fault, victim);
+      check_call_fault(run, victim, 5, "rank " + std::to_string(victim) + " died", 1.0);
+    }
+  }
+  BOOST_TEST(shm_objects() == before);
+}
+
+// A rank that stops (SIGSTOP) mid-call is alive: the deadline (2 s here)
+// ends the wait, and every survivor names the rank that did not arrive.
+BOOST_AUTO_TEST_CASE(a_rank_that_stops_is_named_at_the_deadline) {
+  const int before = shm_objects();
+  const Run run = start(3, "calls", "2:shm.call.published@60:stop", 2,
+                        "FAULTS_TIMEOUT_MS=2000 FAULTS_KILL_VICTIM=1");
+  for (int r = 0; r < 2; ++r) {
+    const std::string failed = line_with(run.outputs[r], "failed call");
+    BOOST_TEST((contains(failed, "status 4:") || contains(failed, "status 5:")), run.all);
+    BOOST_TEST(contains(failed, "waiting for rank 2"), failed);
+    const double waited = seconds_after(run.outputs[r], "failed call");
+    BOOST_TEST((waited >= 1.5 && waited <= 4.0), "waited " << waited << " s: " << failed);
+    BOOST_TEST(contains(run.outputs[r], "survivors ok"), run.all);
+  }
+  BOOST_TEST(shm_objects() == before);
+}
+
+// A rank that dies at a step of creation: the survivors' creation fails
+// promptly (the bootstrap sees the connection drop; a dead peer in the shm
+// module's exchange likewise) naming it, and their new group works.
+BOOST_AUTO_TEST_CASE(a_rank_that_dies_during_creation_fails_it_promptly_and_by_name) {
+  const int before = shm_objects();
+  for (const char* step :
+       {"create.facts", "shm.create.hello", "shm.create.mapped", "create.checked"}) {
+    BOOST_TEST_CONTEXT(step) {
+      const Run run = start(3, "create", std::string("2:") + step + ":kill", 2);
+      for (int r = 0; r < 2; ++r) {
+        const std::string failed = line_with(run.outputs[r], "creation failed");
+        BOOST_TEST(!failed.empty(), run.all);
+        BOOST_TEST(contains(failed, "rank 2"), failed);
+        const double waited = seconds_after(run.outputs[r], "creation failed");
+        BOOST_TEST((waited >= 0 && waited <= 3.0), "waited " << waited << " s: " << failed);
+        BOOST_TEST(contains(run.outputs[r], "survivors ok"), run.all);
+      }
+    }
+  }
+  BOOST_TEST(shm_objects() == before);
+}
+
+// abort() from another thread on rank 0 while its call waits on the last
+// rank: rank 0's call returns ARBITER_ABORTED within 100 ms, rank 1's (3
+// ranks) ARBITER_PEER_FAILED naming rank 0 within a second, the late rank's
+// at once; every later call fails at once, teardown is immediate, and a new
+// communicator over the same group runs exactly.
+BOOST_AUTO_TEST_CASE(abort_returns_the_waiting_call_and_its_peers) {
+  const int before = shm_objects();
+  for (int ranks : {2, 3}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      const Run run = start(ranks, "abort", "", -1);
+      const std::regex abort_at("abort at ([0-9]+)");
+      std::smatch m;
+      BOOST_TEST_REQUIRE(std::regex_search(run.outputs[0], m, abort_at), run.all);
+      const double aborted = std::stod(m[1]) * 1e-9;
+      for (int r = 0; r < ranks; ++r) {
+        const std::string& out = run.outputs[r];
+        const std::regex returned("returned at ([0-9]+): status ([0-9]+): ([^\n]*)");
+        BOOST_TEST_REQUIRE(std::regex_search(out, m, returned), run.all);
+        const double after = std::stod(m[1]) * 1e-9 - aborted;
+        const int status = std::stoi(m[2]);
+        const std::string message = m[3];
+        if (r == 0) {
+          BOOST_TEST(status == 7, message);  // ARBITER_ABORTED
+          BOOST_TEST(after <= 0.1, "returned " << after << " s after the abort");
+        } else {
+          BOOST_TEST(status == 5, message);  // ARBITER_PEER_FAILED
+          BOOST_TEST(contains(message, "rank 0 aborted"), message);
+          if (r != ranks - 1) BOOST_TEST(after <= 1.0, "returned " << after << " s after");
+        }
+        BOOST_TEST(seconds_after(out, "next call status") < 0.05, out);
+        BOOST_TEST(contains(out, "survivors ok"), run.all);
+      }
+    }
+  }
+  BOOST_TEST(shm_objects() == before);
+}
+
+// Each call of the matrix differs on the last rank: every rank returns
+// ARBITER_MISMATCH (8) naming the field and both ranks, within a second;
+// the next matching call is exact. At 2 ranks the differing calls take
+// different algorithms (64 tokens two-shot, 1 token one-shot); at 3 ranks
+// everything is unfused. The check mode refuses the same calls through the
+// oob, a per-call dtype included.
+BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
+  const int before = shm_objects();
+  struct Expect {
+    const char* name;
+    const char* field;
+  };
+  const Expect cases[] = {
+      {"tokens 8 vs 4", "tokens: "},
+      {"tokens 64 vs 1", "tokens: "},
+      {"eps 1e-6 vs 1e-2", "eps: "},
+      {"pattern (residual given on one rank only)", "pattern: "},
+      {"residual_out given on one rank only", "the buffers given: "},
+      {"hidden 1024 vs 512", "hidden: "},
+      {"dtype fp32 vs bf16", "dtype: "},
+  };
+  for (int ranks : {2, 3}) {
+    for (bool check_mode : {false, true}) {
+      if (ranks == 3 && check_mode) continue;
+      BOOST_TEST_CONTEXT(ranks << " ranks, check mode " << check_mode) {
+        const Run run = start(ranks, "mismatch", "", -1,
+                              check_mode ? "ARBITER_CHECK_CALLS=1" : "ARBITER_CHECK_CALLS=0");
+        const std::string odd = "rank " + std::to_string(ranks - 1);
+        for (const Expect& c : cases) {
+          const bool only_in_check_mode = std::string(c.name).rfind("dtype", 0) == 0;
+          if (only_in_check_mode && !check_mode) continue;
+          for (int r = 0; r < ranks; ++r) {
+            const std::string line = line_with(run.outputs[r], std::string("mismatch ") + c.name);
+            BOOST_TEST(contains(line, "status 8 "), c.name << ": " << line << "\n" << run.all);
+            BOOST_TEST(contains(line, c.field), line);
+            // Both ranks of the pair compared (shm: this rank and the one
+            // that differs from it; the check mode: rank 0 and that one).
+            BOOST_TEST(contains(line, odd), line);
+            BOOST_TEST((contains(line, "rank 0") || contains(line, "rank " + std::to_string(r))),
+                       line);
+            if (check_mode) BOOST_TEST(contains(line, "check mode"), line);
+            BOOST_TEST(seconds_after(run.outputs[r], std::string("mismatch ") + c.name) < 1.0,
+                       line);
+            BOOST_TEST(contains(run.outputs[r], std::string("after ") + c.name + ": exact"),
+                       run.all);
+          }
+        }
+        for (int r = 0; r < ranks; ++r) BOOST_TEST(contains(run.outputs[r], "done"), run.all);
+      }
+    }
+  }
+  BOOST_TEST(shm_objects() == before);
+}
