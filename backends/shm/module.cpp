@@ -11,6 +11,7 @@
 #include "algorithms.h"
 #include "arbiter/common/call_checks.h"
 #include "arbiter/common/call_signature.h"
+#include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/token_slice.h"
 #include "arbiter_backend.h"
@@ -39,17 +40,6 @@ std::int32_t guarded(const char* entry, Body body) noexcept {
 
 Workspace* from_handle(arbiter_workspace* handle) { return reinterpret_cast<Workspace*>(handle); }
 
-const char* dtype_name(arbiter_dtype dtype) {
-  switch (dtype) {
-    case ARBITER_DTYPE_FP16:
-      return "fp16";
-    case ARBITER_DTYPE_BF16:
-      return "bf16";
-    default:
-      return "fp32";
-  }
-}
-
 bool aligned(const void* pointer, std::size_t alignment) {
   return reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
 }
@@ -76,8 +66,8 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
   }
   if (a.dtype != workspace.dtype()) {
     return {ARBITER_UNSUPPORTED, std::string("shm run: the workspace was created for ") +
-                                     dtype_name(workspace.dtype()) + ", this call is " +
-                                     dtype_name(a.dtype)};
+                                     common::dtype_text(workspace.dtype()) + ", this call is " +
+                                     common::dtype_text(a.dtype)};
   }
   if (a.hidden == 0) return {ARBITER_INVALID_ARGUMENT, "shm run: hidden is 0"};
   const std::size_t element = common::dtype_size(a.dtype);

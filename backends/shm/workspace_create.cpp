@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "arbiter/common/fault_injection.h"
+#include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
 #include "liveness.h"
 #include "workspace.h"
@@ -84,19 +85,6 @@ std::string read_text(const char (&source)[N]) {
 }
 
 std::string errno_text(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
-
-const char* dtype_name(std::uint32_t dtype) {
-  switch (dtype) {
-    case ARBITER_DTYPE_FP16:
-      return "fp16";
-    case ARBITER_DTYPE_BF16:
-      return "bf16";
-    case ARBITER_DTYPE_FP32:
-      return "fp32";
-    default:
-      return "unknown";
-  }
-}
 
 // Hostname plus boot id: two machines (or containers on two machines) with
 // the same hostname still differ.
@@ -193,7 +181,7 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
                     std::to_string(first.world_size));
     }
     if (other.dtype != first.dtype) {
-      return differ("dtype", dtype_name(other.dtype), dtype_name(first.dtype));
+      return differ("dtype", common::dtype_text(other.dtype), common::dtype_text(first.dtype));
     }
     if (other.hidden != first.hidden) {
       return differ("hidden", std::to_string(other.hidden), std::to_string(first.hidden));

@@ -12,9 +12,10 @@ the median over trials of the slowest rank's per-call time, calls back to
 back, as arbiter-bench-shm measures it. Printed: per way the median and
 min-max over runs, and its excess over C++ in the same run.
 
-Finds `arbiter` and `arbiter-bench-shm` through ARBITER_BIN (the program;
-the benchmark is beside it) or build/bin of the source tree, the library
-through ARBITER_LIBRARY or build/lib.
+Finds `arbiter` through ARBITER_BIN or build/bin of the source tree;
+`arbiter-bench-shm` through ARBITER_BENCH_SHM, beside the program, or in the
+source tree's build/bin (an install has no benchmarks); the library through
+ARBITER_LIBRARY or build/lib.
 """
 
 from __future__ import annotations
@@ -86,12 +87,19 @@ def worker(opts) -> int:
 
 
 def programs() -> tuple[str, str]:
-    arbiter_bin = os.environ.get("ARBITER_BIN") or os.path.join(ROOT, "build", "bin", "arbiter")
-    bench = os.path.join(os.path.dirname(arbiter_bin), "arbiter-bench-shm")
-    for path in (arbiter_bin, bench):
-        if not os.access(path, os.X_OK):
-            sys.exit(f"host_cost_shm: no {path}; build first or set ARBITER_BIN")
-    return arbiter_bin, bench
+    built = os.path.join(ROOT, "build", "bin")
+    arbiter_bin = os.environ.get("ARBITER_BIN") or os.path.join(built, "arbiter")
+    if not os.access(arbiter_bin, os.X_OK):
+        sys.exit(f"host_cost_shm: no {arbiter_bin}; build first or set ARBITER_BIN")
+    # An install has no benchmarks: beside the program, else the source tree's.
+    candidates = [os.environ.get("ARBITER_BENCH_SHM"),
+                  os.path.join(os.path.dirname(arbiter_bin), "arbiter-bench-shm"),
+                  os.path.join(built, "arbiter-bench-shm")]
+    for bench in filter(None, candidates):
+        if os.access(bench, os.X_OK):
+            return arbiter_bin, bench
+    sys.exit(f"host_cost_shm: no arbiter-bench-shm ({', '.join(filter(None, candidates))}); "
+             "build it or set ARBITER_BENCH_SHM")
 
 
 def launch(arbiter_bin: str, nproc: int, affinity: str, program: list[str]) -> list[str]:

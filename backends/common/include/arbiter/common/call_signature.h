@@ -13,6 +13,7 @@
 #include <string>
 
 #include "arbiter/common/bits.h"
+#include "arbiter/common/names.h"
 #include "arbiter_backend.h"
 
 namespace arbiter::common {
@@ -101,32 +102,6 @@ inline bool same_call(const CallSignature& a, const CallSignature& b) {
 
 namespace detail {
 
-inline std::string pattern_text(std::uint32_t p) {
-  switch (p) {
-    case ARBITER_PATTERN_ALLREDUCE:
-      return "allreduce";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM:
-      return "residual_rmsnorm";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8:
-      return "residual_rmsnorm_fp8";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4:
-      return "residual_rmsnorm_fp4";
-  }
-  return "pattern " + std::to_string(p);
-}
-
-inline std::string dtype_text(std::uint32_t d) {
-  switch (d) {
-    case ARBITER_DTYPE_FP16:
-      return "fp16";
-    case ARBITER_DTYPE_BF16:
-      return "bf16";
-    case ARBITER_DTYPE_FP32:
-      return "fp32";
-  }
-  return "dtype " + std::to_string(d);
-}
-
 inline std::string float_text(std::uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
@@ -200,10 +175,10 @@ inline std::string call_difference(const CallSignature& a, int rank_a, const Cal
     return differ("hidden", std::to_string(a.hidden), std::to_string(b.hidden));
   }
   if (a.pattern != b.pattern) {
-    return differ("pattern", detail::pattern_text(a.pattern), detail::pattern_text(b.pattern));
+    return differ("pattern", pattern_text(a.pattern), pattern_text(b.pattern));
   }
   if (a.dtype != b.dtype) {
-    return differ("dtype", detail::dtype_text(a.dtype), detail::dtype_text(b.dtype));
+    return differ("dtype", dtype_text(a.dtype), dtype_text(b.dtype));
   }
   if (a.eps_bits != b.eps_bits) {
     return differ("eps", detail::float_text(a.eps_bits), detail::float_text(b.eps_bits));

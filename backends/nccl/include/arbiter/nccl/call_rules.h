@@ -15,6 +15,7 @@
 
 #include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/call_checks.h"
+#include "arbiter/common/names.h"
 #include "arbiter/common/status.h"
 #include "arbiter_backend.h"
 
@@ -47,21 +48,6 @@ inline bool known_pattern(std::int64_t p) {
 }
 
 inline std::size_t element_bytes(arbiter_dtype d) { return d == ARBITER_DTYPE_FP32 ? 4 : 2; }
-
-inline const char* pattern_name(std::int64_t p) {
-  switch (p) {
-    case ARBITER_PATTERN_ALLREDUCE:
-      return "allreduce";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM:
-      return "residual_rmsnorm";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8:
-      return "residual_rmsnorm_fp8";
-    case ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4:
-      return "residual_rmsnorm_fp4";
-    default:
-      return "unknown";
-  }
-}
 
 // The patterns a device of `capability` runs with a build for `archs`: plain
 // all-reduce needs only NCCL, the norm patterns our kernel, NVFP4 also
@@ -118,7 +104,7 @@ inline Status check_call(const CallRules& w, const arbiter_allreduce_args& a) {
                       "residual_rmsnorm_fp4)");
   }
   if (((w.pattern_mask >> p) & 1u) == 0) {
-    return Status(ARBITER_UNSUPPORTED, std::string("pattern ") + pattern_name(p) +
+    return Status(ARBITER_UNSUPPORTED, std::string("pattern ") + common::pattern_text(p) +
                                            " is not in the workspace's pattern_mask (" +
                                            n(w.pattern_mask) + ")");
   }
@@ -134,7 +120,7 @@ inline Status check_call(const CallRules& w, const arbiter_allreduce_args& a) {
                                              " on every rank (a peer's device is " +
                                              n(w.min_capability) + ")");
     }
-    return Status(ARBITER_UNSUPPORTED, std::string("pattern ") + pattern_name(p) +
+    return Status(ARBITER_UNSUPPORTED, std::string("pattern ") + common::pattern_text(p) +
                                            ": this build has no epilogue kernel for the device "
                                            "of this rank or a peer (built for " +
                                            w.kernel_archs + ")");
