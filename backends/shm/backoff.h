@@ -29,8 +29,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "arbiter/common/liveness.h"
 #include "futex.h"
-#include "liveness.h"
 #include "shared_layout.h"
 
 namespace arbiter::shm {
@@ -53,7 +53,7 @@ class Backoff {
   // (optional) watches the peer processes.
   Backoff(Clock::time_point deadline, std::uint32_t* fault, std::uint32_t* sleepers,
           const std::byte* cpus = nullptr, std::uint32_t my_cpu = 0,
-          const Liveness* liveness = nullptr)
+          const common::Liveness* liveness = nullptr)
       : deadline_(deadline),
         fault_(fault),
         sleepers_(sleepers),
@@ -141,7 +141,7 @@ class Backoff {
   std::uint32_t* sleepers_;
   const std::byte* cpus_;
   std::uint32_t my_cpu_;
-  const Liveness* liveness_;
+  const common::Liveness* liveness_;
   std::int32_t dead_peer_ = -1;
   Clock::time_point next_liveness_check_;
   std::uint32_t polls_ = 0;

@@ -17,7 +17,7 @@ namespace arbiter::shm {
 
 Workspace::Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
                      arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels,
-                     std::unique_ptr<Liveness> liveness)
+                     std::unique_ptr<common::Liveness> liveness)
     : base_(base),
       layout_(layout),
       rank_(rank),

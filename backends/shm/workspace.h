@@ -18,10 +18,10 @@
 
 #include "arbiter/common/call_signature.h"
 #include "arbiter/common/fault_injection.h"
+#include "arbiter/common/liveness.h"
 #include "arbiter_backend.h"
 #include "backoff.h"
 #include "faults.h"
-#include "liveness.h"
 #include "shared_layout.h"
 #include "status.h"
 #include "token_kernels.h"
@@ -34,7 +34,7 @@ class Workspace {
   // `liveness` watches the peers' processes (empty for one rank).
   Workspace(void* base, const Layout& layout, std::int32_t rank, std::int32_t world_size,
             arbiter_dtype dtype, std::int64_t timeout_ms, const TokenKernels& kernels,
-            std::unique_ptr<Liveness> liveness);
+            std::unique_ptr<common::Liveness> liveness);
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -181,7 +181,7 @@ class Workspace {
   arbiter_dtype dtype_;
   std::int64_t timeout_ms_;
   const TokenKernels& kernels_;
-  std::unique_ptr<Liveness> liveness_;
+  std::unique_ptr<common::Liveness> liveness_;
   std::atomic<bool> aborted_{false};
   bool faults_armed_ = common::FaultInjection::get().armed();
   std::uint32_t barrier_flag_ = 0;

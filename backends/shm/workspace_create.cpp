@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "arbiter/common/fault_injection.h"
+#include "arbiter/common/liveness.h"
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
-#include "liveness.h"
 #include "workspace.h"
 
 namespace arbiter::shm {
@@ -323,7 +323,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   hello.hidden = spec.hidden;
   hello.pid = static_cast<std::int32_t>(getpid());
   hello.max_message_bytes = spec.max_message_bytes;
-  hello.pid_namespace = Liveness::own_pid_namespace();
+  hello.pid_namespace = common::Liveness::own_pid_namespace();
   hello.slot_bytes =
       local.ok() ? slot_bytes_for(spec.max_message_bytes,
                                   std::uint64_t{spec.hidden} * common::dtype_size(spec.dtype))
@@ -402,7 +402,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
       namespaces.push_back(h.pid_namespace);
     }
     *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout, *kernels,
-                         std::make_unique<Liveness>(spec.rank, pids, namespaces));
+                         std::make_unique<common::Liveness>(spec.rank, pids, namespaces));
   } catch (...) {
     munmap(base, layout.total);
     throw;

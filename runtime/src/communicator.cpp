@@ -11,6 +11,7 @@
 #include "arbiter/common/call_signature.h"
 #include "arbiter/common/fault_injection.h"
 #include "arbiter/common/token_slice.h"
+#include "peer_watch.h"
 
 namespace arbiter {
 namespace {
@@ -113,6 +114,7 @@ struct RankFacts {
   std::uint32_t flags[kBackendCount];     // and its caps.flags
   std::uint8_t check_calls;
   char builds[kBackendCount][48];  // each available module's build ("" without one)
+  ProcessIdentity process;         // differs by rank: not compared
 };
 
 std::string build_text(const char (&build)[48]) {
@@ -239,6 +241,12 @@ struct Communicator::Impl {
   std::string fault_error;
   bool check_calls = false;
   std::uint64_t calls = 0;  // allreduce_fusion() and run_on() calls so far
+  // GPU communicators: the watcher of the peers on this host (peer_watch.h).
+  // It sets `dead_peer_error`, then `dead_peer` (once, from its thread).
+  std::vector<ProcessIdentity> processes;
+  std::unique_ptr<PeerWatch> peer_watch;
+  std::atomic<std::int32_t> dead_peer{-1};
+  std::string dead_peer_error;
   const common::FaultInjection& faults = common::FaultInjection::get();
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
@@ -278,6 +286,7 @@ struct Communicator::Impl {
                       const std::array<std::string, kBackendCount>& declined) const;
 
   void create(const Registry& registry);
+  void watch_peers();
   void destroy();
   void abort_workspaces() noexcept;
 
@@ -285,7 +294,7 @@ struct Communicator::Impl {
   // is unusable (into `result`).
   bool refuse_if_faulted(Result& result) const;
   // After a call: a status that leaves the group unusable is remembered.
-  void note(const Result& result);
+  void note(Result& result);
   // The check mode's exchange of call `call`'s signature; false (and
   // `result` set) when the call is refused or the exchange failed.
   bool check_call(const arbiter_allreduce_args& args, std::uint64_t call, Result& result);
@@ -323,6 +332,7 @@ void Communicator::Impl::create(const Registry& registry) {
   mine.topology = (options.nvlink_domain ? 1u : 0u) | (options.multicast ? 2u : 0u);
   mine.available = registry.available_mask();
   mine.check_calls = check_calls ? 1 : 0;
+  mine.process = ProcessIdentity::own();
   for (int i = 0; i < kBackendCount; ++i) {
     if (const ModuleInfo* m = registry.info(static_cast<Backend>(i)); m && m->available) {
       mine.patterns[i] = m->caps.pattern_mask;
@@ -332,6 +342,7 @@ void Communicator::Impl::create(const Registry& registry) {
   }
   const auto facts = allgather(oob, mine, timeout, "what every rank must agree on");
   check_agreement(facts, registry, oob.rank);
+  for (const RankFacts& f : facts) processes.push_back(f.process);
   faults.at("create.workspaces", oob.rank, 0);
   // 2. The same backends on every rank: AND of what each could load, and of
   // the patterns and flags each module reported.
@@ -519,6 +530,22 @@ void Communicator::Impl::create(const Registry& registry) {
     }
     pattern_policy.push_back(lacking ? policy.without_backends(lacking) : policy);
   }
+  watch_peers();
+}
+
+void Communicator::Impl::watch_peers() {
+  // CPU ranks run shm, whose calls wait on the host and watch there.
+  if (options.capability.is_cpu() || usable == 0) return;
+  peer_watch = std::make_unique<PeerWatch>(oob.rank, processes, [this](std::int32_t rank) {
+    dead_peer_error = "rank " + std::to_string(rank) + " died (its process, pid " +
+                      std::to_string(processes[static_cast<std::size_t>(rank)].pid) +
+                      " on this host, exited; its launcher knows its exit status): this rank's "
+                      "kernels were told to stop waiting on it (the abort flag), so the outputs "
+                      "of calls still running are unspecified; destroy the communicator, and "
+                      "create a new one over the survivors' group";
+    dead_peer.store(rank, std::memory_order_release);
+    abort_workspaces();
+  });
 }
 
 void Communicator::Impl::abort_workspaces() noexcept {
@@ -530,9 +557,13 @@ void Communicator::Impl::abort_workspaces() noexcept {
 }
 
 void Communicator::Impl::destroy() {
+  peer_watch.reset();  // first: it may abort the workspaces
   // Collective, in backend order on every rank; after a fault or an abort,
   // local: every workspace is aborted first, so no module waits on a peer.
-  if (faulted || aborted.load(std::memory_order_acquire)) abort_workspaces();
+  if (faulted || aborted.load(std::memory_order_acquire) ||
+      dead_peer.load(std::memory_order_acquire) >= 0) {
+    abort_workspaces();
+  }
   for (Workspace& w : workspaces) {
     if (w.handle) w.module->workspace_destroy(w.handle);
     w = {};
@@ -541,6 +572,11 @@ void Communicator::Impl::destroy() {
 }
 
 bool Communicator::Impl::refuse_if_faulted(Result& result) const {
+  if (dead_peer.load(std::memory_order_acquire) >= 0) {
+    result.status = ARBITER_PEER_FAILED;
+    result.error = dead_peer_error;
+    return true;
+  }
   if (aborted.load(std::memory_order_acquire)) {
     result.status = ARBITER_ABORTED;
     result.error =
@@ -557,7 +593,13 @@ bool Communicator::Impl::refuse_if_faulted(Result& result) const {
   return true;
 }
 
-void Communicator::Impl::note(const Result& result) {
+void Communicator::Impl::note(Result& result) {
+  // A call that failed because the watcher aborted it (a peer died while it
+  // waited) says why.
+  if (result.status != ARBITER_OK && dead_peer.load(std::memory_order_acquire) >= 0) {
+    result.status = ARBITER_PEER_FAILED;
+    result.error = dead_peer_error;
+  }
   switch (result.status) {
     case ARBITER_TIMEOUT:
     case ARBITER_PEER_FAILED:
@@ -646,7 +688,8 @@ void Communicator::abort() noexcept {
 }
 
 bool Communicator::faulted() const {
-  return impl_->faulted || impl_->aborted.load(std::memory_order_acquire);
+  return impl_->faulted || impl_->aborted.load(std::memory_order_acquire) ||
+         impl_->dead_peer.load(std::memory_order_acquire) >= 0;
 }
 
 bool Communicator::check_calls() const { return impl_->check_calls; }

@@ -159,7 +159,9 @@ int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduc
  * Faults: a call that fails with ARBITER_TIMEOUT, ARBITER_PEER_FAILED,
  * ARBITER_ABORTED or ARBITER_INTERNAL leaves the communicator unusable
  * (every later call fails at once) and its destroy local; a dead peer on
- * the same host is named within a second (shm). A call whose tokens,
+ * the same host is named within a second (shm: by the waiting call; GPU: a
+ * watcher thread aborts the kernels and later calls return
+ * ARBITER_PEER_FAILED). A call whose tokens,
  * pattern, eps, flags or buffers given differ across ranks returns
  * ARBITER_MISMATCH on every rank, naming the field and the ranks, and
  * writes nothing; the communicator stays usable. The shm backend always

@@ -29,7 +29,11 @@
 // and the destructor no longer waits on any peer (it aborts every workspace
 // first, so a dead rank cannot hold up teardown). The shm backend notices a
 // dead peer process on this host within milliseconds while a call waits,
-// and names it. abort(), from any thread, makes a waiting call return
+// and names it. A GPU communicator, whose kernels rather than the host wait
+// on peers, watches the peers' processes on this host from a thread
+// (peer_watch.h, every 100 ms): when one dies it aborts every workspace
+// (the kernels stop waiting) and later calls return ARBITER_PEER_FAILED
+// naming the rank. abort(), from any thread, makes a waiting call return
 // ARBITER_ABORTED (shm: within a few milliseconds) and its peers
 // ARBITER_PEER_FAILED; GPU kernels waiting on a peer stop waiting. After a
 // fault the survivors create a new communicator over their own group.

@@ -5,11 +5,15 @@
  * pattern, or those of RECORDING_<NAME>_PATTERNS (a decimal mask) when set.
  * Like a real module it refuses to be asked for a pattern its caps lack.
  * It has a faults companion whose build is RECORDING_BUILD and whose
- * abort() is counted. The counts are read through exported functions. */
+ * abort() is counted. The counts are read through exported functions.
+ * RECORDING_BLOCK_AT=N makes the N-th run() since load (0-based) wait, as a
+ * kernel waits on a peer that never comes, until abort() or 10 s: it then
+ * returns ARBITER_ABORTED, or ARBITER_TIMEOUT. */
 #include <ctype.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "arbiter_backend.h"
 
@@ -23,6 +27,7 @@ static atomic_long g_runs[3]; /* by arbiter_algorithm */
 static atomic_long g_bytes;
 static atomic_long g_fp4_runs;
 static atomic_long g_aborts;
+static atomic_long g_run_count;
 static atomic_uint g_asked; /* spec->pattern_mask of the last creation */
 static uint32_t g_patterns = 15;
 static char g_error[128];
@@ -72,9 +77,27 @@ static int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec
   return ARBITER_OK;
 }
 
+/* RECORDING_BLOCK_AT: wait for abort() (1 ms steps, 10 s at most). */
+static int32_t wait_for_abort(void) {
+  const struct timespec step = {0, 1000000};
+  for (int i = 0; i < 10000; ++i) {
+    if (atomic_load(&g_aborts) > 0) {
+      snprintf(g_error, sizeof g_error, "%s: aborted while waiting on a peer", RECORDING_NAME);
+      return ARBITER_ABORTED;
+    }
+    nanosleep(&step, NULL);
+  }
+  snprintf(g_error, sizeof g_error, "%s: waited 10 s on a peer", RECORDING_NAME);
+  return ARBITER_TIMEOUT;
+}
+
 static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
   (void)ws;
   (void)stream;
+  const char* block_at = getenv("RECORDING_BLOCK_AT");
+  if (block_at != NULL && atomic_fetch_add(&g_run_count, 1) == strtol(block_at, NULL, 10)) {
+    return wait_for_abort();
+  }
   if (args->pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) atomic_fetch_add(&g_fp4_runs, 1);
   atomic_fetch_add(&g_runs[args->algorithm], 1);
   atomic_fetch_add(&g_bytes, (long)args->tokens * args->hidden * (args->dtype == 2 ? 4 : 2));

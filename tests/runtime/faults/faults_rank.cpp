@@ -11,6 +11,10 @@
 //             over the same group
 //   mismatch  the matrix of calls that differ across ranks (the last rank
 //             differs), each followed by a matching call
+//   gpu-calls GPU ranks (capability 10.3) on the recording modules in
+//             FAULTS_GPU_MODULES, whose RECORDING_BLOCK_AT call waits as a
+//             kernel waits on a peer, until the runtime's peer watch aborts
+//             it; calls until one fails, then as `calls`
 // Prints one line per finding ("failed call N after S s: status X: ...",
 // "teardown S s", "survivors ok", ...) and "rank R: done" at the end.
 #include <signal.h>
@@ -141,6 +145,22 @@ std::string run_exactly(arbiter::Communicator& comm, int calls) {
   return "";
 }
 
+// The recording modules of FAULTS_GPU_MODULES (trtllm, mnnvl, nccl).
+const arbiter::Registry& gpu_registry() {
+  static const arbiter::Registry registry = [] {
+    arbiter::DiscoverOptions d;
+    const std::string dir =
+        std::getenv("FAULTS_GPU_MODULES") ? std::getenv("FAULTS_GPU_MODULES") : "";
+    for (const char* name : {"trtllm", "mnnvl", "nccl"}) {
+      d.search_path.push_back(dir + "/libarbiter-" + name + ".so");
+    }
+    d.default_folder = false;
+    d.probe = {ARBITER_DEVICE_GPU, 0};
+    return arbiter::Registry::discover(d);
+  }();
+  return registry;
+}
+
 // The survivors' own group: every rank but `victim`, renumbered, on
 // FAULTS_SURVIVOR_PORT; a new communicator over it runs 20 calls exactly.
 void survivors(int rank, int world_size, int victim, const std::string& token) {
@@ -202,6 +222,37 @@ void mode_calls(int rank, arbiter::Bootstrap& boot) {
   const auto r = comm->allreduce_fusion(b.allreduce(rank, call + 1, 4), nullptr);
   say(rank, "next call status " + std::to_string(r.status) + " after " +
                 std::to_string(since(again)) + " s");
+  teardown(rank, comm);
+}
+
+// One-token calls (one backend throughout) until one fails; the recording
+// modules compute nothing, so results are not checked.
+void mode_gpu_calls(int rank, arbiter::Bootstrap& boot) {
+  arbiter::CommunicatorOptions o = options();
+  o.capability = arbiter::Capability::sm(103);
+  o.device = rank;
+  auto comm = std::make_unique<arbiter::Communicator>(
+      *boot.oob(), arbiter::Policy::from_environment(), gpu_registry(), o);
+  Buffers b;
+  int call = 0;
+  for (; call < 20; ++call) {
+    const auto started = Clock::now();
+    const auto r = comm->allreduce_fusion(b.allreduce(rank, call, 1), nullptr);
+    if (r.status != ARBITER_OK) {
+      say(rank, "failed call " + std::to_string(call) + " after " + std::to_string(since(started)) +
+                    " s: status " + std::to_string(r.status) + ": " + r.error);
+      break;
+    }
+  }
+  if (call == 20) {
+    say(rank, "no call failed");
+    return;
+  }
+  const auto again = Clock::now();
+  const auto r = comm->allreduce_fusion(b.allreduce(rank, call + 1, 1), nullptr);
+  say(rank, "next call status " + std::to_string(r.status) + " after " +
+                std::to_string(since(again)) + " s: " + r.error);
+  say(rank, std::string("faulted ") + (comm->faulted() ? "yes" : "no"));
   teardown(rank, comm);
 }
 
@@ -324,6 +375,8 @@ int main(int argc, char** argv) {
       mode_abort(rank, boot);
     } else if (mode == "mismatch") {
       mode_mismatch(rank, boot);
+    } else if (mode == "gpu-calls") {
+      mode_gpu_calls(rank, boot);
     } else {
       say(rank, "unknown mode " + mode);
       return 2;

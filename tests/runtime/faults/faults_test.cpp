@@ -168,6 +168,32 @@ BOOST_AUTO_TEST_CASE(a_rank_killed_between_calls_is_named_within_a_second) {
   BOOST_TEST(shm_objects() == before);
 }
 
+// GPU ranks: their calls return once enqueued and their kernels wait on
+// peers, so the runtime watches the peers' processes from a thread. The last
+// rank is SIGKILLed at the start of call 5 while the survivors' call 5 waits
+// in its module as a kernel would (the recording modules, RECORDING_BLOCK_AT):
+// the watch aborts the workspaces, and the call returns ARBITER_PEER_FAILED
+// naming the dead rank within a second, though the deadline is 20 s.
+BOOST_AUTO_TEST_CASE(a_dead_peer_of_a_gpu_communicator_is_named_within_a_second) {
+  for (int ranks : {2, 3}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      const int victim = ranks - 1;
+      const Run run =
+          start(ranks, "gpu-calls", std::to_string(victim) + ":call.start@5:kill", victim,
+                std::string("FAULTS_GPU_MODULES=") + FAULTS_GPU_MODULES +
+                    " RECORDING_BLOCK_AT=5 ARBITER_CONFIG=");
+      check_call_fault(run, victim, 5, "rank " + std::to_string(victim) + " died", 1.0);
+      for (int r = 0; r < victim; ++r) {
+        const std::string failed = line_with(run.outputs[r], "failed call");
+        BOOST_TEST(contains(failed, "failed call 5 "), failed);
+        BOOST_TEST(contains(failed, "pid "), failed);
+        BOOST_TEST(contains(line_with(run.outputs[r], "next call"), "died"), run.all);
+        BOOST_TEST(contains(run.outputs[r], "faulted yes"), run.all);
+      }
+    }
+  }
+}
+
 // A rank that stops (SIGSTOP) mid-call is alive: the deadline (2 s here)
 // ends the wait, and every survivor names the rank that did not arrive.
 BOOST_AUTO_TEST_CASE(a_rank_that_stops_is_named_at_the_deadline) {

@@ -1,0 +1,86 @@
+#include "peer_watch.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+
+namespace arbiter {
+
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(100);
+
+// FNV-1a of the kernel's boot_id: the same for every process of this boot
+// of this host (containers included), different on another host.
+std::uint64_t host_of_this_boot() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty()) return 0;
+  std::uint64_t h = 14695981039346656037ull;
+  for (const char c : id) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+// The pids and namespaces Liveness watches: peers on this host in this pid
+// namespace; every other rank gets namespace 0, which it skips.
+common::Liveness liveness_for(std::int32_t self, const std::vector<ProcessIdentity>& ranks) {
+  const ProcessIdentity mine = ProcessIdentity::own();
+  std::vector<std::int32_t> pids(ranks.size());
+  std::vector<std::uint64_t> namespaces(ranks.size(), 0);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    pids[r] = ranks[r].pid;
+    const bool here = mine.host != 0 && ranks[r].host == mine.host &&
+                      ranks[r].pid_namespace == mine.pid_namespace;
+    // Ranks that share this process (threads, loopback tests) are not peers
+    // to watch.
+    if (here && ranks[r].pid != mine.pid) namespaces[r] = mine.pid_namespace;
+  }
+  return common::Liveness(self, pids, namespaces);
+}
+
+}  // namespace
+
+ProcessIdentity ProcessIdentity::own() {
+  static const ProcessIdentity cached = [] {
+    ProcessIdentity id;
+    id.pid_namespace = common::Liveness::own_pid_namespace();
+    id.host = host_of_this_boot();
+    return id;
+  }();
+  ProcessIdentity id = cached;
+  id.pid = static_cast<std::int32_t>(getpid());  // not cached: a fork has its own
+  return id;
+}
+
+PeerWatch::PeerWatch(std::int32_t self, const std::vector<ProcessIdentity>& ranks,
+                     std::function<void(std::int32_t)> on_death)
+    : liveness_(liveness_for(self, ranks)), on_death_(std::move(on_death)) {
+  if (liveness_.watched() > 0) thread_ = std::thread([this] { loop(); });
+}
+
+PeerWatch::~PeerWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PeerWatch::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, kPollInterval, [this] { return stop_; })) {
+    const std::int32_t dead = liveness_.first_dead();
+    if (dead >= 0) {
+      lock.unlock();
+      on_death_(dead);
+      return;
+    }
+  }
+}
+
+}  // namespace arbiter
