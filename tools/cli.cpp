@@ -55,15 +55,23 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
 }
 
 void add_config_option(po::options_description& desc) {
+  std::string presets;
+  for (const std::string& name : preset_names()) presets += (presets.empty() ? "" : ", ") + name;
   desc.add_options()("config", po::value<std::vector<std::string>>()->composing(),
                      "site table layered over the default (repeatable; "
-                     "replaces ARBITER_CONFIG)");
+                     "replaces ARBITER_CONFIG; preset:NAME names a preset)")(
+      "preset", po::value<std::string>(),
+      ("upstream table layered over the default, under the site tables: " + presets).c_str());
 }
 
 std::optional<Policy> load_policy(const po::variables_map& vm) {
   LoadOptions options = LoadOptions::from_environment();
   if (vm.count("config")) {
     options.site_files = vm["config"].as<std::vector<std::string>>();
+  }
+  if (vm.count("preset")) {
+    options.site_files.insert(options.site_files.begin(),
+                              std::string(kPresetPrefix) + vm["preset"].as<std::string>());
   }
   LoadResult result = Policy::load(options);
   for (const Diagnostic& d : result.diagnostics) {

@@ -80,6 +80,9 @@ int cmd_diff(const Args& args) {
   po::variables_map vm = parse(args, desc, &positional);
   if (vm.count("help")) {
     std::cout << "usage: arbiter diff A.yaml B.yaml\n"
+                 "A or B may be preset:NAME, a preset shipped with arbiter; preset:default is\n"
+                 "the embedded default alone (arbiter diff preset:default preset:NAME: what a\n"
+                 "preset changes)\n"
                  "exit 0: no decision differs; 1: some do; 2: error\n\n"
               << desc;
     return kExitOk;
@@ -127,7 +130,16 @@ int cmd_diff(const Args& args) {
         }
       }
     }
+    // One node: with and without multicast (an NVL72 tray has it, an HGX
+    // board not), which a preference list may tell apart; across nodes the
+    // NVLink domain with multicast, the only multi-node topology that fuses.
+    std::vector<std::pair<std::uint32_t, bool>> topologies;
     for (std::uint32_t nodes : node_counts) {
+      if (nodes == 1 && !cap.is_cpu()) topologies.push_back({1, false});
+      topologies.push_back({nodes, nodes > 1 || !cap.is_cpu()});
+    }
+    if (cap.is_cpu()) topologies = {{1, false}};
+    for (auto [nodes, multicast] : topologies) {
       // Same differences -> the (pattern, dtype) pairs that share them.
       std::map<std::string, std::map<int, std::set<int>>> groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
@@ -137,7 +149,7 @@ int cmd_diff(const Args& args) {
           r.world_size = ws;
           r.nodes = nodes;
           r.nvlink_domain = true;
-          r.multicast = nodes > 1;
+          r.multicast = multicast;
           r.pattern = static_cast<Pattern>(pt);
           r.dtype = static_cast<Dtype>(dt);
           const std::vector<Difference> diffs = compare(a, b, r, to);
@@ -152,8 +164,9 @@ int cmd_diff(const Args& args) {
           ++differing;
           std::cout << "capability " << capability_name(cap) << ", world size " << ws << ", "
                     << nodes << (nodes == 1 ? " node" : " nodes")
-                    << (nodes > 1 ? " (NVLink domain, multicast)" : "") << ", "
-                    << names_text(pts, kPatternCount, true) << ", "
+                    << (nodes > 1 ? " (NVLink domain, multicast)"
+                                  : (multicast ? " (multicast)" : ""))
+                    << ", " << names_text(pts, kPatternCount, true) << ", "
                     << names_text(dts, kDtypeCount, false) << ":\n"
                     << text;
         }

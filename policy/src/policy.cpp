@@ -9,6 +9,7 @@
 #include "arbiter/size.h"
 #include "compiled.h"
 #include "merge.h"
+#include "presets.h"
 #include "table_layer.h"
 
 namespace arbiter {
@@ -135,10 +136,19 @@ Overrides& Overrides::yaml(std::string name, std::string text) {
 LoadOptions LoadOptions::from_environment() {
   LoadOptions o;
   if (const char* config = std::getenv("ARBITER_CONFIG"); config && *config) {
+    // ':'-separated, like PATH; `preset:NAME` keeps its own colon.
+    const std::string_view preset_word = kPresetPrefix.substr(0, kPresetPrefix.size() - 1);
     std::string_view rest = config;
+    bool preset = false;
     while (!rest.empty()) {
       const auto colon = rest.find(':');
-      if (std::string_view item = rest.substr(0, colon); !item.empty()) {
+      std::string_view item = rest.substr(0, colon);
+      if (preset) {
+        o.site_files.push_back(std::string(kPresetPrefix) + std::string(item));
+        preset = false;
+      } else if (item == preset_word && colon != std::string_view::npos) {
+        preset = true;
+      } else if (!item.empty()) {
         o.site_files.emplace_back(item);
       }
       if (colon == std::string_view::npos) break;
@@ -159,6 +169,39 @@ Policy::Policy(std::shared_ptr<const detail::Compiled> impl)
       routes_(impl_->routes.data()),
       stride_(impl_->fusion.stride) {}
 
+namespace {
+
+// One site source: a file, or `preset:NAME` (presets.h). False, with a
+// diagnostic, when it cannot be read. `*is_default`: `preset:default`, the
+// embedded default itself, which adds no layer over it.
+bool read_source(const std::string& source, std::string& bytes, std::string& name, bool* is_default,
+                 std::vector<Diagnostic>& diagnostics) {
+  *is_default = false;
+  name = source;
+  const std::optional<std::string_view> preset = preset_reference(source);
+  if (!preset) return read_file(source, bytes, diagnostics);
+  if (*preset == kDefaultPreset) {
+    *is_default = true;
+    bytes = std::string(embedded_default_yaml());
+    name = kDefaultName;
+    return true;
+  }
+  if (const std::optional<std::string_view> text = embedded_preset(*preset)) {
+    bytes = std::string(*text);
+    name = "presets/" + std::string(*preset) + ".yaml";
+    return true;
+  }
+  std::string known;
+  for (const std::string& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  diagnostics.push_back({Severity::kError, source, 0, 0,
+                         "no preset named '" + std::string(*preset) + "'",
+                         "presets shipped with this arbiter: " + known +
+                             " (configs/presets/); give a file's path for any other table"});
+  return false;
+}
+
+}  // namespace
+
 LoadResult Policy::load(const LoadOptions& options) {
   LoadResult result;
   std::vector<detail::TableLayer> layers;
@@ -172,12 +215,16 @@ LoadResult Policy::load(const LoadOptions& options) {
     }
   };
   if (options.with_default && !add_default_layer(layers, result.diagnostics)) ok = false;
-  for (const std::string& path : options.site_files) {
-    std::string bytes;
-    if (read_file(path, bytes, result.diagnostics)) {
-      add(bytes, path, Layer::kSite);
-    } else {
+  for (const std::string& source : options.site_files) {
+    std::string bytes, name;
+    bool is_default = false;
+    if (!read_source(source, bytes, name, &is_default, result.diagnostics)) {
       ok = false;
+    } else if (is_default) {
+      // Already the bottom layer; standalone, it is the whole table.
+      if (!options.with_default && !add_default_layer(layers, result.diagnostics)) ok = false;
+    } else {
+      add(bytes, name, Layer::kSite);
     }
   }
   for (const auto& [name, text] : options.overrides.fragments()) {
@@ -251,10 +298,12 @@ std::string Policy::origin_text(std::uint16_t id) const {
 
 std::vector<Diagnostic> validate_file(const std::string& path, bool over_default) {
   std::vector<Diagnostic> diagnostics;
-  std::string bytes;
-  if (!read_file(path, bytes, diagnostics)) return diagnostics;
+  std::string bytes, name;
+  bool is_default = false;
+  if (!read_source(path, bytes, name, &is_default, diagnostics)) return diagnostics;
   detail::TableLayer layer;
-  if (!detail::parse_table(bytes, path, Layer::kSite, layer, diagnostics)) {
+  if (!detail::parse_table(bytes, name, is_default ? Layer::kDefault : Layer::kSite, layer,
+                           diagnostics)) {
     return diagnostics;
   }
   std::vector<detail::TableLayer> layers;

@@ -214,6 +214,56 @@ BOOST_AUTO_TEST_CASE(diff_reports_changed_decisions_in_words) {
   BOOST_TEST(r.exit_code == 2);
 }
 
+// Presets: upstream tables by name, as a layer under the site files.
+BOOST_AUTO_TEST_CASE(presets_layer_by_name_and_diff_against_the_default) {
+  // vLLM main caps capability 103 at world size 8 at 4 MiB (the seed: 2).
+  const std::string at_3mib = "decide --capability 103 --world-size 8 --bytes 3MiB --explain";
+  BOOST_TEST(contains(run_arbiter(at_3mib).output, "nccl native unfused"));
+  CommandResult r = run_arbiter(at_3mib + " --preset vllm-main-2026-08-13");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "trtllm twoshot fused"), r.output);
+  BOOST_TEST(contains(r.output, "presets/vllm-main-2026-08-13.yaml:"), r.output);
+  // The same through ARBITER_CONFIG; a site file still wins over the preset.
+  r = run_command("env ARBITER_CONFIG=preset:vllm-main-2026-08-13 " + std::string(ARBITER_BIN) +
+                  " decide --capability 103 --world-size 8 --bytes 3MiB");
+  BOOST_TEST(contains(r.output, "trtllm twoshot fused"), r.output);
+  const std::string site = "cli_test_preset_site.yaml";
+  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 103, world_size: 8, max: 1}\n";
+  r = run_arbiter(
+      "decide --capability 103 --world-size 8 --bytes 3MiB --preset "
+      "vllm-main-2026-08-13 --config " +
+      site);
+  BOOST_TEST(contains(r.output, "nccl native unfused"), r.output);
+  std::remove(site.c_str());
+  // One node with multicast: vLLM main prefers mnnvl, the seed trtllm.
+  r = run_arbiter("diff preset:default preset:vllm-main-2026-08-13");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output,
+                      "capability 103, world size 8, 1 node, all patterns, all dtypes:\n"
+                      "    2 MiB < bytes <= 4 MiB: nccl native unfused (above the cap)"
+                      "  ->  trtllm twoshot fused"),
+             r.output);
+  BOOST_TEST(contains(r.output, "capability 103, world size 4, 1 node (multicast)"), r.output);
+  BOOST_TEST(contains(r.output, "trtllm oneshot fused  ->  mnnvl oneshot fused"), r.output);
+  // The seed decides as the default does.
+  r = run_arbiter("diff preset:default preset:vllm-pr46392-2026-06-24");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  // An unknown name lists the presets.
+  r = run_arbiter("decide --capability 90 --world-size 2 --bytes 1MiB --preset vllm-nope");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "preset:vllm-nope: error: no preset named 'vllm-nope'"), r.output);
+  BOOST_TEST(contains(r.output, "default, vllm-main-2026-08-13, vllm-pr46392-2026-06-24"),
+             r.output);
+  r = run_arbiter("diff preset:default preset:vllm-nope");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  // Every preset also validates as a file (configs/presets/ is installed).
+  for (const char* name : {"vllm-main-2026-08-13", "vllm-pr46392-2026-06-24"}) {
+    r = run_arbiter("validate " + std::string(ARBITER_TEST_DATA) + "/../../configs/presets/" +
+                    name + ".yaml");
+    BOOST_TEST(r.exit_code == 0, name << ": " << r.output);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(endless_input_ends_in_an_error_not_a_hang) {
   const CommandResult r = run_command("timeout 20 " + arbiter_command("validate /dev/zero"));
   BOOST_TEST(r.exit_code == 1, r.output);

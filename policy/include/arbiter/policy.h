@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,7 +59,8 @@ struct LoadOptions {
   std::optional<std::string> backends_env;
   Overrides overrides;
 
-  // site_files from ARBITER_CONFIG (':'-separated), backends_env from
+  // site_files from ARBITER_CONFIG (':'-separated; `preset:NAME` is one
+  // item), backends_env from
   // ARBITER_BACKENDS; empty variables count as unset.
   static LoadOptions from_environment();
 };
@@ -175,5 +177,19 @@ std::vector<Diagnostic> validate_file(const std::string& path, bool over_default
 
 // The embedded configs/default.yaml.
 std::string_view embedded_default_yaml();
+
+// Presets: upstream tables shipped with arbiter (configs/presets/NAME.yaml,
+// dated and cited in their provenance), embedded in the library. Wherever a
+// table file is taken (LoadOptions::site_files, ARBITER_CONFIG, --config,
+// `arbiter diff`), `preset:NAME` names one instead of a path; it is then a
+// site layer like a file, reported as `presets/NAME.yaml`. `preset:default`
+// is the embedded default itself (no layer over it).
+inline constexpr std::string_view kPresetPrefix = "preset:";
+inline constexpr std::string_view kDefaultPreset = "default";
+// Every name `preset:` takes, `default` first, then the presets by name.
+std::vector<std::string> preset_names();
+// A preset's YAML, or nullopt when there is none of that name (or for
+// `default`: embedded_default_yaml()).
+std::optional<std::string_view> embedded_preset(std::string_view name);
 
 }  // namespace arbiter
