@@ -3,6 +3,7 @@
 // the closed name sets. Beyond "no crash or undefined behaviour", it checks
 // that every accepted value is in range and prints back to itself, and that
 // every rejection says why.
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -42,6 +43,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     const std::uint64_t bytes = *r.value;
+    // Where a bare number is bytes, a fraction without a unit is refused.
+    const bool bare = !text.empty() &&
+                      (std::isdigit(static_cast<unsigned char>(text.back())) || text.back() == '.');
+    ARBITER_FUZZ_CHECK(plain_is_mib || !bare || text.find('.') == std::string_view::npos,
+                       "a bare fraction accepted as bytes");
     ARBITER_FUZZ_CHECK(bytes >= 1 && bytes <= kMaxSizeBytes, "a size outside 1 B .. 1 TiB");
     const std::string printed = format_size(bytes);
     const Parsed<std::uint64_t> back = parse_size(printed, false);

@@ -1,5 +1,5 @@
 // Which CPU each rank of `arbiter launch` is pinned to: --cpu-affinity or
-// ARBITER_CPU_AFFINITY. Off by default; see the README ("Pinning ranks").
+// ARBITER_CPU_AFFINITY. Off by default; see docs/backends.md (`arbiter launch --cpu-affinity`).
 #pragma once
 
 #include <string>

@@ -28,6 +28,23 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// "0.5" given where a bare number is bytes: say both readings and how to
+// write the one that was meant.
+std::string bare_fraction_error(std::string_view s, unsigned __int128 mantissa, int frac_digits) {
+  const std::string number(s);
+  unsigned __int128 scale = 1;
+  for (int k = 0; k < frac_digits; ++k) scale *= 10;
+  std::string fix = "write " + number + "MiB";
+  const unsigned __int128 numerator = mantissa * kMiB;
+  if (numerator % scale == 0 && numerator / scale > 0 && numerator / scale <= kMaxSizeBytes) {
+    fix += " or " + std::to_string(static_cast<std::uint64_t>(numerator / scale));
+  }
+  return "size '" + number + "': " + number +
+         " what? in the tables a bare number is MiB; on the command line a bare number is bytes "
+         "and must be whole: " +
+         fix + " (or give the unit you meant: B, KiB, MiB, GiB, TiB)";
+}
+
 }  // namespace
 
 Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
@@ -67,6 +84,13 @@ Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
   if (unit_text.starts_with(' ')) unit_text.remove_prefix(1);  // "64 MiB"
   if (!unit_text.empty() && std::isspace(static_cast<unsigned char>(unit_text.front()))) {
     return fail("size " + quoted + " has more than one space before its unit");
+  }
+  // Outside the tables a bare number is bytes and must be whole: a fraction
+  // there is almost always a table value (MiB) pasted where bytes go, and
+  // reading "0.5" as half a byte, or guessing MiB, would answer another
+  // question than the one asked.
+  if (unit_text.empty() && !plain_is_mib && seen_dot) {
+    return fail(bare_fraction_error(s, mantissa, frac_digits));
   }
   std::uint64_t unit = plain_is_mib ? kMiB : 1;
   if (!unit_text.empty()) {

@@ -103,12 +103,38 @@ def parse_pattern(value: str | Pattern) -> Pattern:
     return _parse_name(Pattern, value, "pattern")  # type: ignore[return-value]
 
 
+def _bare_fraction(text: str) -> ArbiterError:
+    """A table value (MiB) pasted where bytes go: name both readings."""
+    fix = f"write '{text}MiB'"
+    as_mib = Fraction(text) * _UNITS["MiB"]
+    if as_mib.denominator == 1 and 0 < as_mib <= _UNITS["TiB"]:
+        fix += f" or {int(as_mib)}"
+    return _invalid(
+        f"size {text!r}: {text} what? in the tables a bare number is MiB; in Python (as on the "
+        f"command line) a bare number is bytes and must be a whole int: {fix} "
+        "(or give the unit you meant: B, KiB, MiB, GiB, TiB)"
+    )
+
+
 def parse_size(value: Size) -> int:
     """Exact integer bytes: 524288, "524288", "512KiB", "0.5 MiB", "64MiB".
 
-    A plain number is bytes (as `arbiter decide --bytes`); units are binary;
-    the result must be a whole number of bytes in 1 .. 1 TiB. Floats are
-    refused: 0.5 MiB is 524288, never 524288.0."""
+    A plain number is bytes (as `arbiter decide --bytes`) and must be whole;
+    units are binary; the result must be a whole number of bytes in
+    1 .. 1 TiB. In the tables a plain number is MiB, so a bare fraction
+    (0.5, "0.5") is refused with both readings rather than read either way;
+    floats are refused: 0.5 MiB is 524288, never 524288.0."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise _invalid(f"size {value!r} is not a finite number of bytes")
+        if value <= 0:
+            raise _invalid(f"size {value!r} is {'zero' if value == 0 else 'negative'}")
+        if value.is_integer():
+            raise _invalid(
+                f"size {value!r} is a float; sizes are exact integers: write {int(value)} "
+                "(bytes) or a string with a unit such as '512KiB'"
+            )
+        raise _bare_fraction(repr(value))
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise _invalid(f"size {value!r} is not an int or a string; sizes are exact integers")
     if isinstance(value, int):
@@ -118,6 +144,8 @@ def parse_size(value: Size) -> int:
         m = re.fullmatch(r"\s*\+?(\d+(?:\.\d*)?|\.\d+) ?([A-Za-z]*)\s*", text)
         if not m:
             raise _invalid(f"size '{text}' is not a number; write e.g. 524288, 512KiB or 64MiB")
+        if not m.group(2) and "." in m.group(1):
+            raise _bare_fraction(m.group(1))
         unit = m.group(2) or "B"
         if unit not in _UNITS:
             raise _invalid(

@@ -258,6 +258,22 @@ def test_sizes_are_exact_integers():
             arbiter.parse_size(bad)
 
 
+def test_a_bare_fraction_is_refused_with_what_it_meant(defaults):
+    # In the tables a bare number is MiB; here it is bytes. A table value
+    # pasted here is neither half a byte nor silently MiB: the error says both.
+    for bad in (0.5, "0.5", " 0.5 "):
+        with pytest.raises(arbiter.ArbiterError) as e:
+            arbiter.parse_size(bad)
+        assert "0.5 what? in the tables a bare number is MiB" in str(e.value)
+        assert "write '0.5MiB' or 524288" in str(e.value)
+        assert e.value.status == arbiter.Status.INVALID_ARGUMENT
+    with pytest.raises(arbiter.ArbiterError, match="0.5 what"):
+        defaults.decide(capability=90, world_size=8, message_bytes="0.5")
+    with pytest.raises(arbiter.ArbiterError, match="write 524288 "):
+        arbiter.parse_size(524288.0)
+    assert arbiter.parse_size("524288") == arbiter.parse_size("0.5MiB") == 524288
+
+
 def test_capability_spellings():
     for spelling in (103, "103", "10.3", "sm_103", "sm103"):
         assert arbiter.parse_capability(spelling) == 103

@@ -30,6 +30,26 @@ BOOST_AUTO_TEST_CASE(binary_units_parse) {
 BOOST_AUTO_TEST_CASE(cli_plain_numbers_are_bytes) {
   BOOST_TEST(*parse_size("524288", false).value == 524288u);
   BOOST_TEST(*parse_size("64MiB", false).value == 64 * kMiB);
+  BOOST_TEST(*parse_size("0.5MiB", false).value == 524288u);
+}
+
+// A table value pasted where bytes go: "0.5" is half a MiB in the tables and
+// half a byte on the command line. Neither reading is taken; the error gives
+// both spellings of what was probably meant.
+BOOST_AUTO_TEST_CASE(cli_bare_fractions_are_refused_with_both_readings) {
+  const Parsed<std::uint64_t> r = parse_size("0.5", false);
+  BOOST_TEST(!r.value.has_value());
+  BOOST_TEST(r.error.find("0.5 what?") != std::string::npos, r.error);
+  BOOST_TEST(r.error.find("in the tables a bare number is MiB") != std::string::npos, r.error);
+  BOOST_TEST(r.error.find("write 0.5MiB or 524288") != std::string::npos, r.error);
+  // Whole-looking and tiny fractions too; no byte count when MiB is not whole bytes.
+  BOOST_TEST(parse_size("64.0", false).error.find("write 64.0MiB or 67108864") !=
+             std::string::npos);
+  const std::string tiny = parse_size("0.0000001", false).error;
+  BOOST_TEST(tiny.find("what?") != std::string::npos, tiny);
+  BOOST_TEST(tiny.find(" or ") == std::string::npos, tiny);
+  // The tables keep their rule.
+  BOOST_TEST(*parse_size("0.5", true).value == 524288u);
 }
 
 BOOST_AUTO_TEST_CASE(bad_sizes_are_rejected_with_a_reason) {

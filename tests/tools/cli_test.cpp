@@ -118,6 +118,23 @@ BOOST_AUTO_TEST_CASE(world_size_1_goes_to_the_fallback) {
   BOOST_TEST(contains(cpu.output, "shm native unfused"), cpu.output);
 }
 
+// In the tables a bare number is MiB, here it is bytes: a fraction copied
+// from a table is refused with both readings, never taken as half a byte.
+BOOST_AUTO_TEST_CASE(a_bare_fraction_for_bytes_is_refused_with_what_it_meant) {
+  const CommandResult r = run_arbiter("decide --capability 90 --world-size 8 --bytes 0.5");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  BOOST_TEST(contains(r.output, "--bytes: size '0.5': 0.5 what?"), r.output);
+  BOOST_TEST(contains(r.output, "in the tables a bare number is MiB"), r.output);
+  BOOST_TEST(contains(r.output, "write 0.5MiB or 524288"), r.output);
+  // The same flag also reaches the benchmark sweep.
+  const CommandResult sweep = run_arbiter("bench --sizes 0.5:2");
+  BOOST_TEST(sweep.exit_code == 2, sweep.output);
+  BOOST_TEST(contains(sweep.output, "0.5 what?"), sweep.output);
+  // Whole bytes and sizes with units are what it takes.
+  BOOST_TEST(run_arbiter("decide --capability 90 --world-size 8 --bytes 524288").exit_code == 0);
+  BOOST_TEST(run_arbiter("decide --capability 90 --world-size 8 --bytes 0.5MiB").exit_code == 0);
+}
+
 BOOST_AUTO_TEST_CASE(bad_flags_are_usage_errors) {
   for (const char* args :
        {"decide --world-size 8 --bytes 1", "decide --capability 90 --bytes 1",

@@ -21,7 +21,11 @@ inline constexpr std::uint64_t kMaxSizeBytes = kTiB;
 
 // Parses "64", "0.5" (a plain number is MiB), "512KiB", "64 MiB", "1GiB",
 // "4096B". The result must be a whole number of bytes in 1 .. 1 TiB.
-// With plain_is_mib == false a plain number is bytes (CLI --bytes 524288).
+// With plain_is_mib == false (the command line, benchmarks; Python follows
+// the same rule) a plain number is bytes and must be a whole number:
+// "524288" is accepted, "0.5" is refused with both readings spelled out
+// ("0.5 what? In the tables a bare number is MiB; ... write 0.5MiB or
+// 524288"), so a value pasted from a table can never mean half a byte.
 Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib);
 
 // A size written as a quoted YAML string ("64 MiB", '512KiB'): a string

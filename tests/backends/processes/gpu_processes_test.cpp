@@ -16,7 +16,7 @@
 //       through the UCX bootstrap (builds with the runtime only).
 //
 // Rank r uses GPU LOCAL_RANK (r when forked). ARBITER_TEST_SHARED_GPU=1 puts
-// every rank on GPU 0 (README, "Multi-process GPU tests"): kernels of
+// every rank on GPU 0 (bench/FUSED.md, "Multi-process GPU tests"): kernels of
 // different processes then share the GPU by time slices, slowly but
 // correctly; nccl refuses two ranks on one GPU, mnnvl needs multicast, and
 // each then skips with the module's reason.

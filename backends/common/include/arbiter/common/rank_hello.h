@@ -31,7 +31,7 @@ struct RankHello {
 };
 
 // ARBITER_TEST_SHARED_GPU=1: arbiter's multi-process GPU tests run every
-// rank on GPU 0 (README, "Multi-process GPU tests"), so a module accepts
+// rank on GPU 0 (bench/FUSED.md, "Multi-process GPU tests"), so a module accepts
 // ranks of different processes on one GPU; their kernels then take turns in
 // time slices, correct but slow. Never for a real job: the runtime refuses
 // to create a communicator while it is set.
