@@ -19,7 +19,10 @@
 // back to back), effective_GBps (bytes / latency), p90_us. Methods:
 // fused_oneshot, fused_twoshot, fused_twoshot_replicated (two-shot told that
 // every rank's residual is the same: each rank runs the epilogue on its own
-// token slice only), separate_steps, memcpy (the same bytes, all ranks at
+// token slice only), registered_oneshot, registered_twoshot and
+// registered_twoshot_replicated (the same calls with the input in the
+// module's registered memory, ABI v2: read in place, no copy-in; not timed
+// against --baseline), separate_steps, memcpy (the same bytes, all ranks at
 // once), and once per run pingpong (a flag's round trip between ranks 0 and
 // 1 through shared memory: the floor of any wait on a peer). After the
 // power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
@@ -218,9 +221,15 @@ class BusyProcesses {
 class Runner {
  public:
   Runner(arbiter::Bootstrap& boot, const arbiter_backend_v1_t& shm, arbiter_workspace* ws,
-         const Options& opt, const arbiter_backend_v1_t* baseline = nullptr,
-         arbiter_workspace* baseline_ws = nullptr)
-      : boot_(boot), shm_(shm), ws_(ws), opt_(opt), baseline_(baseline), baseline_ws_(baseline_ws) {
+         const Options& opt, const arbiter_backend_memory_v2_t* memory,
+         const arbiter_backend_v1_t* baseline = nullptr, arbiter_workspace* baseline_ws = nullptr)
+      : boot_(boot),
+        shm_(shm),
+        ws_(ws),
+        opt_(opt),
+        baseline_(baseline),
+        baseline_ws_(baseline_ws),
+        memory_(memory) {
     const std::size_t max_elems = opt.to / 2;
     input_.resize(max_elems);
     residual_.assign(max_elems, 0x3F00);  // 0.5
@@ -231,6 +240,20 @@ class Runner {
     for (std::size_t i = 0; i < max_elems; ++i) {
       input_[i] = static_cast<std::uint16_t>(0x3C00 + (i * 7 + boot.rank()) % 256);  // ~1.0..1.5
     }
+    // The registered input: the same values in memory every rank maps.
+    if (memory_ != nullptr) {
+      void* area = nullptr;
+      if (memory_->alloc(ws_, opt.to, &area) != ARBITER_OK) {
+        die(std::string("registered alloc: ") + shm_.last_error());
+      }
+      registered_ = area;
+      std::memcpy(registered_, input_.data(), max_elems * 2);
+    }
+  }
+  // Before the workspace goes (its destroy would free it too).
+  void free_registered() {
+    if (registered_ != nullptr) memory_->free(ws_, registered_);
+    registered_ = nullptr;
   }
 
   static constexpr std::uint32_t kShapeHidden = 4096;
@@ -241,14 +264,20 @@ class Runner {
       const char* name;
       arbiter_algorithm algorithm;
       std::uint32_t flags;
+      bool registered = false;
     };
     // Every rank's residual is the same here, as in tensor parallelism.
     const Method methods[] = {
         {"fused_oneshot", ARBITER_ALGORITHM_ONESHOT, 0},
         {"fused_twoshot", ARBITER_ALGORITHM_TWOSHOT, 0},
         {"fused_twoshot_replicated", ARBITER_ALGORITHM_TWOSHOT, ARBITER_RUN_RESIDUAL_REPLICATED},
+        {"registered_oneshot", ARBITER_ALGORITHM_ONESHOT, 0, true},
+        {"registered_twoshot", ARBITER_ALGORITHM_TWOSHOT, 0, true},
+        {"registered_twoshot_replicated", ARBITER_ALGORITHM_TWOSHOT,
+         ARBITER_RUN_RESIDUAL_REPLICATED, true},
         {"separate_steps", ARBITER_ALGORITHM_NATIVE, 0}};
     for (const Method& m : methods) {
+      if (m.registered && registered_ == nullptr) continue;
       arbiter_allreduce_args a{};
       a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
       a.dtype = ARBITER_DTYPE_BF16;
@@ -256,7 +285,7 @@ class Runner {
       a.flags = m.flags;
       a.tokens = tokens;
       a.hidden = hidden;
-      a.input = input_.data();
+      a.input = m.registered ? registered_ : input_.data();
       a.residual_in = residual_.data();
       a.residual_out = residual_out_.data();
       a.gamma = gamma_.data();
@@ -264,7 +293,8 @@ class Runner {
       a.norm_out = norm_out_.data();
       bool skipped = false;
       auto call_on = [&](const arbiter_backend_v1_t& module, arbiter_workspace* ws) {
-        const std::int32_t status = module.run(ws, &a, nullptr);
+        const std::int32_t status =
+            m.registered ? memory_->run_registered(ws, &a, nullptr) : module.run(ws, &a, nullptr);
         if (status == ARBITER_UNSUPPORTED) {
           skipped = true;  // every rank gets the same answer for the same shape
           return false;
@@ -273,7 +303,7 @@ class Runner {
         return true;
       };
       std::vector<double> times, baseline_times;
-      if (baseline_ != nullptr) {
+      if (baseline_ != nullptr && !m.registered) {
         time_pair(
             bytes, [&] { return call_on(shm_, ws_); },
             [&] { return call_on(*baseline_, baseline_ws_); }, times, baseline_times);
@@ -288,7 +318,7 @@ class Runner {
         continue;
       }
       print(bytes, tokens, m.name, summary_of_max(boot_, times));
-      if (baseline_ != nullptr) {
+      if (baseline_ != nullptr && !m.registered) {
         print(bytes, tokens, (std::string(m.name) + "@baseline").c_str(),
               summary_of_max(boot_, baseline_times));
       }
@@ -354,6 +384,8 @@ class Runner {
   const Options& opt_;
   const arbiter_backend_v1_t* baseline_;
   arbiter_workspace* baseline_ws_;
+  const arbiter_backend_memory_v2_t* memory_;  // nullptr: a v1 module, no registered rows
+  void* registered_ = nullptr;
   std::vector<std::uint16_t> input_, residual_, residual_out_, norm_out_, gamma_, copy_dst_;
 };
 
@@ -396,7 +428,8 @@ int main(int argc, char** argv) {
       die(std::string("--baseline workspace_create: ") + baseline->last_error());
     }
   }
-  Runner runner(boot, *shm, ws, opt, baseline, baseline_ws);
+  Runner runner(boot, *shm, ws, opt, registry.memory(arbiter::Backend::kShm), baseline,
+                baseline_ws);
   const BusyProcesses load(boot.rank() == 0 ? opt.load : 0);
   if (boot.rank() == 0) {
     std::printf(
@@ -420,6 +453,7 @@ int main(int argc, char** argv) {
       runner.shape(tokens, Runner::kShapeHidden);
     }
   }
+  runner.free_registered();
   shm->workspace_destroy(ws);
   if (baseline_ws != nullptr) baseline->workspace_destroy(baseline_ws);
   return 0;

@@ -53,6 +53,8 @@ int cmd_plugins(const Args& args) {
       o.str("name", m.name);
       o.str("path", m.path);
       o.num("abi_version", m.abi_version);
+      // ABI v2: the module allocates registered memory (zero-copy calls).
+      o.boolean("registered_memory", m.memory != nullptr);
       if (m.build.empty()) {
         o.null("build");  // no faults companion: a module built before it
       } else {
@@ -80,6 +82,7 @@ int cmd_plugins(const Args& args) {
       o.str("name", a.name);
       o.null("path");
       o.num("abi_version", 0);
+      o.boolean("registered_memory", false);
       o.boolean("available", false);
       o.null("device");
       o.str("reason", a.reason);
@@ -94,7 +97,8 @@ int cmd_plugins(const Args& args) {
               << Registry::default_plugin_folder() << ")\n";
   }
   for (const ModuleInfo& m : modules) {
-    std::cout << m.name << "  ABI v" << m.abi_version << "  "
+    std::cout << m.name << "  ABI v" << m.abi_version
+              << (m.memory != nullptr ? " (registered memory)" : "") << "  "
               << (m.available ? "available (" + kind(m) + " ranks)" : "unavailable: " + m.reason)
               << (m.build.empty() ? "" : "  build " + m.build) << "  (" << m.path << ")";
     if (!m.dependency.empty()) std::cout << "  [" << m.dependency << "]";

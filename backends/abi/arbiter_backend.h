@@ -254,6 +254,63 @@ typedef struct arbiter_backend_faults_v1_t {
   void (*abort)(arbiter_workspace* ws);
 } arbiter_backend_faults_v1_t;
 
+/* Registered memory (ABI v2): an optional companion of arbiter_backend_v1,
+ * exported beside it as
+ *   const arbiter_backend_memory_v2_t arbiter_backend_v2_memory = {...};
+ * A module that has it speaks ABI v2 (`arbiter plugins` says so); a host
+ * that predates it never looks for it, and a module without it loads and
+ * runs as a v1 module. Frozen like the others.
+ *
+ * Contract:
+ *  - Symmetric allocation. alloc() is collective over the workspace's oob
+ *    (every rank, same order, same `bytes`) and returns this rank's part;
+ *    every rank's part of one allocation has the same size, and a peer can
+ *    read this rank's part (the module maps it). Addresses are multiples of
+ *    `alignment`. The contents are unspecified (not zeroed).
+ *  - A registered call (run_registered) is a run() whose `input` lies in an
+ *    allocation of this workspace, wholly (tokens x hidden elements), at the
+ *    same offset from its part's start on every rank. The module reads the
+ *    peers' inputs in place: no copy-in. Outputs and the other inputs may be
+ *    any memory, registered or not. The results are the bits run() gives.
+ *    Every rank of a call must take the same path: if one rank calls run()
+ *    and another run_registered(), or their offsets or allocations differ,
+ *    the call is refused on every rank with ARBITER_MISMATCH, before any
+ *    output is written. An input not wholly inside one allocation of this
+ *    workspace is ARBITER_INVALID_ARGUMENT, nothing written.
+ *  - On return from run_registered every peer has finished reading this
+ *    rank's input: the caller may overwrite it at once (the module adds the
+ *    synchronisation that needs, e.g. one barrier at the end of one-shot).
+ *  - Reuse: an allocation serves any number of calls, with any offsets.
+ *  - Lifetime: free() is local and never waits on a peer. It unmaps this
+ *    rank's view; peers' views stay valid (the memory lives until the last
+ *    rank frees it or destroys its workspace), so a rank that frees early
+ *    never faults a peer, but it can no longer make registered calls with
+ *    that allocation, and a peer's registered call on it then pairs with
+ *    this rank's next call: refused as a mismatch, or ARBITER_TIMEOUT if
+ *    this rank makes none. workspace_destroy() frees every allocation left;
+ *    pointers into them dangle afterwards.
+ *  - Abort: an aborted workspace refuses alloc() and run_registered() with
+ *    ARBITER_ABORTED; free() still works and never waits.
+ *  - Threading: as run(): the workspace's own thread only. */
+#define ARBITER_BACKEND_MEMORY_SYMBOL_V2 "arbiter_backend_v2_memory"
+#define ARBITER_BACKEND_ABI_VERSION_MEMORY 2
+
+typedef struct arbiter_backend_memory_v2_t {
+  uint32_t memory_version; /* 2 */
+  uint32_t reserved;       /* 0 */
+  /* Every allocation's address (on every rank) is a multiple of this. */
+  uint64_t alignment;
+  /* Required. Collective over the oob given at workspace_create(); fails on
+   * every rank when it fails on any. bytes > 0. *local: this rank's part. */
+  int32_t (*alloc)(arbiter_workspace* ws, uint64_t bytes, void** local);
+  /* Required. Local (see above). `local` exactly as alloc() returned it;
+   * anything else is ARBITER_INVALID_ARGUMENT and frees nothing. */
+  int32_t (*free)(arbiter_workspace* ws, void* local);
+  /* Required. run() with args->input in registered memory (see above). */
+  int32_t (*run_registered)(arbiter_workspace* ws, const arbiter_allreduce_args* args,
+                            void* stream);
+} arbiter_backend_memory_v2_t;
+
 #ifdef __cplusplus
 }
 #endif

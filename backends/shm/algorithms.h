@@ -12,6 +12,8 @@
 // epilogue of arbiter/common/rmsnorm.h runs on it.
 #pragma once
 
+#include <cstddef>
+
 #include "arbiter_backend.h"
 #include "status.h"
 #include "workspace.h"
@@ -24,8 +26,22 @@ namespace arbiter::shm {
 Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args);
 
 // Two-shot: copy in, barrier, sum this rank's token slice from every rank,
-// publish it, barrier, epilogue over all tokens.
-Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args);
+// publish it, barrier, epilogue over all tokens. With `inputs` (every
+// rank's input in registered memory, in rank order) there is no copy-in:
+// the slices are summed from the peers' inputs in place. Barrier 2 already
+// follows every read of a peer's input, so no barrier is added.
+Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args,
+                   const std::byte* const* inputs = nullptr);
+
+// One-shot on registered inputs (`inputs`: every rank's, in rank order, read
+// in place): publish the call, meet, sum and run the epilogue chunk by chunk
+// straight from the peers' inputs, then a barrier, so that no rank returns
+// (and overwrites its input) while a peer still reads it. REQUIRES: no
+// output overlaps args.input (a rank would overwrite what peers still read;
+// module.cpp copies such calls in instead). Any message size: nothing goes
+// through the slots.
+Status run_oneshot_registered(Workspace& workspace, const arbiter_allreduce_args& args,
+                              const std::byte* const* inputs);
 
 // Unfused: a plain all-reduce through the shared buffer into allreduce_out
 // (or host scratch), then residual + norm (+quant) as a separate pass.

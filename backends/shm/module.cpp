@@ -212,8 +212,107 @@ std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, 
     bool empty = false;
     if (Status status = check_run(workspace, args, empty); !status.ok()) return status;
     workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
+    workspace.registered_key = 0;
     if (empty) return workspace.world_size() > 1 ? run_empty(workspace) : Status();
     return run_streamed(workspace, *args);
+  });
+}
+
+// Whether an output the call writes overlaps [input, input + bytes).
+bool output_over_input(const arbiter_allreduce_args& a, std::uint64_t bytes) {
+  const auto* begin = static_cast<const std::byte*>(a.input);
+  const bool norm = a.pattern != ARBITER_PATTERN_ALLREDUCE;
+  const struct {
+    const void* buffer;
+    std::uint64_t bytes;
+  } outputs[] = {{a.allreduce_out, bytes},
+                 {norm ? a.residual_out : nullptr, bytes},
+                 {norm ? a.norm_out : nullptr, bytes},
+                 {a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8 ? a.quant_out : nullptr,
+                  std::uint64_t{a.tokens} * a.hidden}};
+  for (const auto& o : outputs) {
+    const auto* p = static_cast<const std::byte*>(o.buffer);
+    if (p != nullptr && p < begin + bytes && begin < p + o.bytes) return true;
+  }
+  return false;
+}
+
+// A registered call (arbiter_backend_v2_memory): the checks of run(), then
+// the input found in this workspace's registered memory and every rank's
+// input located in the shared mapping at the same offset.
+std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_args* args, void*) {
+  return guarded("run", [&]() -> Status {
+    if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
+    Workspace& workspace = *from_handle(handle);
+    workspace.call = workspace.runs++;
+    workspace.fault_point("shm.call.start");
+    if (Status status = workspace.usable(); !status.ok()) return status;
+    bool empty = false;
+    if (Status status = check_run(workspace, args, empty); !status.ok()) return status;
+    workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
+    workspace.registered_key = 0;
+    if (empty) return workspace.world_size() > 1 ? run_empty(workspace) : Status();
+    const arbiter_allreduce_args& a = *args;
+    const std::size_t row_bytes = std::size_t{a.hidden} * common::dtype_size(a.dtype);
+    const std::uint64_t bytes = std::uint64_t{a.tokens} * row_bytes;
+    std::string why;
+    const Allocation* allocation = workspace.registered.find(a.input, bytes, why);
+    if (allocation == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run (registered): " + why};
+    const std::uint64_t key = RegisteredMemory::key(*allocation, a.input);
+    const std::int32_t ranks = workspace.world_size();
+    const auto offset =
+        static_cast<std::uint64_t>(static_cast<const std::byte*>(a.input) - allocation->local);
+    const std::byte* inputs[kMaxRanks];
+    for (std::int32_t q = 0; q < ranks; ++q) {
+      inputs[q] =
+          ranks == 1 ? allocation->local : allocation->base + q * allocation->stride + offset;
+    }
+    // The unfused path copies anyway; one-shot cannot read in place what
+    // this rank overwrites while peers read it. Both copy in, and say so in
+    // the key, so a peer that reads in place refuses instead of pairing.
+    if (a.algorithm == ARBITER_ALGORITHM_NATIVE ||
+        (a.algorithm == ARBITER_ALGORITHM_ONESHOT && output_over_input(a, bytes))) {
+      workspace.registered_key = key | Workspace::kCopiedIn;
+      return run_streamed(workspace, a);
+    }
+    workspace.registered_key = key;
+    if (a.algorithm == ARBITER_ALGORITHM_ONESHOT) {
+      return run_oneshot_registered(workspace, a, inputs);
+    }
+    // Two-shot's sums and staged outputs go through the workspace: slices
+    // of at most a slot, each reading its tokens of every input in place.
+    const std::uint64_t slice_tokens = workspace.slot_bytes() / row_bytes;
+    if (a.tokens <= slice_tokens) return run_twoshot(workspace, a, inputs);
+    Status status;
+    common::for_each_token_slice(a, slice_tokens, [&](const arbiter_allreduce_args& slice) {
+      const auto shift =
+          static_cast<const std::byte*>(slice.input) - static_cast<const std::byte*>(a.input);
+      const std::byte* sliced[kMaxRanks];
+      for (std::int32_t q = 0; q < ranks; ++q) sliced[q] = inputs[q] + shift;
+      status = run_twoshot(workspace, slice, sliced);
+      return status.ok();
+    });
+    return status;
+  });
+}
+
+std::int32_t alloc_registered(arbiter_workspace* handle, std::uint64_t bytes, void** local) {
+  return guarded("alloc", [&]() -> Status {
+    if (handle == nullptr || local == nullptr) {
+      return {ARBITER_INVALID_ARGUMENT, "shm alloc: workspace and local must not be NULL"};
+    }
+    *local = nullptr;
+    Workspace& workspace = *from_handle(handle);
+    if (Status status = workspace.usable(); !status.ok()) return status;
+    if (workspace.oob == nullptr) return {ARBITER_INTERNAL, "shm alloc: the workspace has no oob"};
+    return workspace.registered.allocate(*workspace.oob, workspace.timeout_ms(), bytes, local);
+  });
+}
+
+std::int32_t free_registered(arbiter_workspace* handle, void* local) {
+  return guarded("free", [&]() -> Status {
+    if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm free: workspace is NULL"};
+    return from_handle(handle)->registered.release(local);
   });
 }
 
@@ -251,4 +350,14 @@ const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {
     1,
     ARBITER_MODULE_VERSION,
     arbiter::shm::abort_workspace,
+};
+
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_memory_v2_t arbiter_backend_v2_memory = {
+    2,
+    0,
+    arbiter::shm::kRegisteredAlignment,
+    arbiter::shm::alloc_registered,
+    arbiter::shm::free_registered,
+    arbiter::shm::run_registered,
 };

@@ -37,7 +37,7 @@
 namespace arbiter::shm {
 
 inline constexpr std::uint32_t kMagic = 0x4D485341u;  // "ASHM"
-inline constexpr std::uint32_t kLayoutVersion = 8;
+inline constexpr std::uint32_t kLayoutVersion = 9;
 inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::int32_t kMaxRanks = 64;  // above the ABI's largest world size, 63
@@ -74,6 +74,10 @@ struct SequenceWord {
   std::uint32_t wake;
   std::uint32_t unused;
   common::CallSignature call;
+  // Chunk 0 only, beside `call`: the registered input's key
+  // (RegisteredMemory::key(), bit 63 set when the module copied it in after
+  // all), 0 for a call on unregistered memory. Compared like `call`.
+  std::uint64_t registered;
 };
 static_assert(sizeof(SequenceWord) <= kLine, "one sequence word per line");
 

@@ -77,11 +77,11 @@ void copy_staged(Workspace& workspace, const std::array<StagedOutput, kStagedOut
 // against 186-199 for the whole slice at once; 8 interleaved launches,
 // median 227 us against 233 end to end.
 Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& args,
-                         std::size_t row_bytes, std::uint32_t first, std::uint32_t end,
-                         Backoff& backoff) {
+                         const std::byte* const* inputs, std::size_t row_bytes, std::uint32_t first,
+                         std::uint32_t end, Backoff& backoff) {
   const std::int32_t ranks = workspace.world_size();
-  const std::byte* const* rows = workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input,
-                                                            first, end - first, row_bytes);
+  const std::byte* const* rows =
+      workspace.rows_for_kernels(inputs, args.input, first, end - first, row_bytes);
   const auto outputs = staged_outputs(args, row_bytes);
   float* const row = workspace.row_scratch(args.hidden);
   const auto chunk_tokens = static_cast<std::uint32_t>(oneshot_chunk_tokens(row_bytes));
@@ -103,7 +103,8 @@ Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& arg
 
 }  // namespace
 
-Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
+Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args,
+                   const std::byte* const* inputs) {
   const arbiter_dtype dtype = workspace.dtype();
   const std::int32_t ranks = workspace.world_size();
   const std::uint32_t hidden = args.hidden;
@@ -116,10 +117,14 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
   // else, and it reads it from args.input. A plain copy: the barrier orders
   // it before every peer's reads, and the sums start from +0.0
   // (token_kernels.h), so -0.0 needs no sanitising.
-  std::byte* const copy = workspace.twoshot_input(workspace.rank());
-  const auto* input = static_cast<const std::byte*>(args.input);
-  std::memcpy(copy, input, first * row_bytes);
-  std::memcpy(copy + end * row_bytes, input + end * row_bytes, (args.tokens - end) * row_bytes);
+  // Registered inputs are read where they are.
+  if (inputs == nullptr) {
+    std::byte* const copy = workspace.twoshot_input(workspace.rank());
+    const auto* input = static_cast<const std::byte*>(args.input);
+    std::memcpy(copy, input, first * row_bytes);
+    std::memcpy(copy + end * row_bytes, input + end * row_bytes, (args.tokens - end) * row_bytes);
+    inputs = workspace.twoshot_inputs();
+  }
   const std::uint64_t call = workspace.next_sequence();
   const auto parity = static_cast<std::uint32_t>(call % 2);
   workspace.publish(parity, 0, call + 1, &workspace.signature);
@@ -132,12 +137,12 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args) {
 
   if ((args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
       common::pattern_has_norm(args.pattern)) {
-    return finish_replicated(workspace, args, row_bytes, first, end, backoff);
+    return finish_replicated(workspace, args, inputs, row_bytes, first, end, backoff);
   }
   std::byte* sums = workspace.sums();
-  workspace.sum_inputs(workspace.rows_for_kernels(workspace.twoshot_inputs(), args.input, first,
-                                                  end - first, row_bytes),
-                       std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
+  workspace.sum_inputs(
+      workspace.rows_for_kernels(inputs, args.input, first, end - first, row_bytes),
+      std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
   workspace.fault_point("shm.call.barrier2");
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;

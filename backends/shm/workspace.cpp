@@ -103,6 +103,7 @@ void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t v
   // would otherwise lose it twice per call, once for the signature and once
   // for the value, which cost 3-4% of a 4 KiB one-shot call.
   if (call != nullptr && !common::same_call(line->call, *call)) line->call = *call;
+  if (call != nullptr && line->registered != registered_key) line->registered = registered_key;
   publish_and_wake(line, value, sleepers());
 }
 
@@ -115,6 +116,8 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
   // overwrite its line of this parity before a slow peer had read it.
   std::int32_t differs = -1;
   common::CallSignature theirs{};
+  std::int32_t registered_differs = -1;
+  std::uint64_t their_key = 0;
   for (std::int32_t peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
     if (Status s = await_line(parity, peer, 0, value, backoff,
@@ -128,9 +131,31 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
       differs = peer;
       theirs = line;
     }
+    const std::uint64_t key = oneshot_sequence(parity, peer, 0)->registered;
+    if (registered_differs < 0 && key != registered_key) [[unlikely]] {
+      registered_differs = peer;
+      their_key = key;
+    }
   }
-  if (differs < 0) [[likely]] {
+  if (differs < 0 && registered_differs < 0) [[likely]] {
     return {};
+  }
+  if (differs < 0) {
+    auto text = [](std::uint64_t k) {
+      if (k == 0) return std::string("unregistered memory");
+      return "registered allocation #" + std::to_string(((k & ~kCopiedIn) >> 40) - 1) +
+             " at offset " + std::to_string(k & ((std::uint64_t{1} << 40) - 1)) +
+             ((k & kCopiedIn) != 0 ? " (an output over it: copied in)" : "");
+    };
+    return {ARBITER_MISMATCH,
+            "shm rank " + std::to_string(rank_) + ": " +
+                common::mismatch_message(
+                    "the input's memory: rank " + std::to_string(registered_differs) + " has " +
+                        text(their_key) + ", rank " + std::to_string(rank_) + " has " +
+                        text(registered_key) +
+                        " (every rank passes the same comm.empty() allocation at the same offset, "
+                        "with the same in-place outputs, or none does)",
+                    call)};
   }
   return {ARBITER_MISMATCH, "shm rank " + std::to_string(rank_) + ": " +
                                 common::mismatch_message(

@@ -22,6 +22,7 @@
 #include "arbiter_backend.h"
 #include "backoff.h"
 #include "faults.h"
+#include "registered.h"
 #include "shared_layout.h"
 #include "status.h"
 #include "token_kernels.h"
@@ -42,6 +43,7 @@ class Workspace {
   std::int32_t rank() const { return rank_; }
   std::int32_t world_size() const { return world_size_; }
   arbiter_dtype dtype() const { return dtype_; }
+  std::int64_t timeout_ms() const { return timeout_ms_; }
   // The per-token arithmetic this rank runs (token_kernels.h).
   const TokenKernels& kernels() const { return kernels_; }
   // What one algorithm call takes per rank; run() streams larger calls
@@ -158,6 +160,15 @@ class Workspace {
   // The current run()'s signature (every slice of a streamed call carries
   // the whole call's).
   common::CallSignature signature{};
+
+  // The current call's registered-input key (SequenceWord::registered),
+  // published and compared with the signature; 0 for unregistered calls.
+  std::uint64_t registered_key = 0;
+  static constexpr std::uint64_t kCopiedIn = std::uint64_t{1} << 63;
+  // Registered memory (registered.h) and the oob it is allocated over (the
+  // host keeps it valid until workspace_destroy()).
+  RegisteredMemory registered;
+  const arbiter_oob* oob = nullptr;
 
   // Test-only fault injection (fault_injection.h) at `step` of the current call.
   void fault_point(const char* step) const {

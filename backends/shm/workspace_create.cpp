@@ -286,8 +286,9 @@ Status map_object(const std::string& name, const Layout& layout, const arbiter_w
 
 // A single rank's workspace: the same layout in anonymous private memory.
 // Its algorithms meet no peer (every barrier and wait passes at once).
-Status create_private(const Layout& layout, const arbiter_workspace_spec& spec,
-                      const TokenKernels& kernels, Workspace** out) {
+Status create_private(const arbiter_oob& oob, const Layout& layout,
+                      const arbiter_workspace_spec& spec, const TokenKernels& kernels,
+                      Workspace** out) {
   void* base =
       mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
@@ -297,6 +298,7 @@ Status create_private(const Layout& layout, const arbiter_workspace_spec& spec,
   fill_header(base, layout, spec);
   try {
     *out = new Workspace(base, layout, 0, 1, spec.dtype, spec.timeout_ms, kernels, nullptr);
+    (*out)->oob = &oob;
   } catch (...) {
     munmap(base, layout.total);
     throw;
@@ -340,7 +342,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   const Layout layout = *compute_layout(spec.world_size, hello.slot_bytes);
 
   // A group of one shares nothing: private memory, no /dev/shm object.
-  if (spec.world_size == 1) return create_private(layout, spec, *kernels, out);
+  if (spec.world_size == 1) return create_private(oob, layout, spec, *kernels, out);
 
   // 2. Rank 0 creates; everyone learns the name or why there is none.
   Announcement announcement{};
@@ -403,6 +405,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     }
     *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout, *kernels,
                          std::make_unique<common::Liveness>(spec.rank, pids, namespaces));
+    (*out)->oob = &oob;
   } catch (...) {
     munmap(base, layout.total);
     throw;

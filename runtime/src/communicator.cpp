@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <string_view>
 
 #include "arbiter/common/call_signature.h"
@@ -23,7 +24,23 @@ struct Workspace {
   const arbiter_backend_v1_t* module = nullptr;
   const arbiter_backend_faults_v1_t* faults = nullptr;  // nullptr: cannot be aborted
   arbiter_workspace* handle = nullptr;
+  const arbiter_backend_memory_v2_t* memory = nullptr;  // nullptr: no registered memory
 };
+
+// One registered allocation of this rank (Communicator::alloc_registered).
+struct RegisteredArea {
+  const std::byte* data;
+  std::uint64_t bytes;
+  Backend backend;
+};
+
+// Every communicator's registered areas in this process, to name the misuse
+// of passing one communicator's memory to another. Consulted only when a
+// call's input is not in its own communicator's areas and some other
+// communicator has areas (`g_registered_elsewhere` counts them all).
+std::mutex g_registered_mutex;
+std::vector<std::pair<const void*, RegisteredArea>> g_registered;
+std::atomic<std::size_t> g_registered_count{0};
 
 std::string oob_error(const arbiter_oob& oob) {
   const char* e = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
@@ -240,7 +257,8 @@ struct Communicator::Impl {
   arbiter_status fault_status = ARBITER_OK;
   std::string fault_error;
   bool check_calls = false;
-  std::uint64_t calls = 0;  // allreduce_fusion() and run_on() calls so far
+  std::uint64_t calls = 0;                 // allreduce_fusion() and run_on() calls so far
+  std::vector<RegisteredArea> registered;  // this rank's registered allocations
   // GPU communicators: the watcher of the peers on this host (peer_watch.h).
   // It sets `dead_peer_error`, then `dead_peer` (once, from its thread).
   std::vector<ProcessIdentity> processes;
@@ -257,6 +275,24 @@ struct Communicator::Impl {
   Decision decide(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   std::int32_t run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
                              std::string& error) const;
+  // This rank's registered allocation holding `p`, or nullptr.
+  const RegisteredArea* registered_area(const void* p) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    for (const RegisteredArea& a : registered) {
+      if (b >= a.data && b < a.data + a.bytes) return &a;
+    }
+    return nullptr;
+  }
+  void forget_registered(const void* data) {
+    std::lock_guard lock(g_registered_mutex);
+    for (auto it = g_registered.begin(); it != g_registered.end(); ++it) {
+      if (it->first == this && it->second.data == data) {
+        g_registered.erase(it);
+        g_registered_count.fetch_sub(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+  }
 
   Request request_for(Pattern pattern) const {
     Request r;
@@ -468,7 +504,7 @@ void Communicator::Impl::create(const Registry& registry) {
       drop(b, std::string("workspace creation failed: ") + module->last_error());
       continue;
     }
-    workspaces[i] = {module, registry.faults(b), handle};
+    workspaces[i] = {module, registry.faults(b), handle, registry.memory(b)};
     usable |= 1u << i;
     patterns[i] = asked;
     no_workspace[i].clear();
@@ -564,6 +600,9 @@ void Communicator::Impl::destroy() {
       dead_peer.load(std::memory_order_acquire) >= 0) {
     abort_workspaces();
   }
+  // The modules free registered memory with their workspaces.
+  for (const RegisteredArea& a : registered) forget_registered(a.data);
+  registered.clear();
   for (Workspace& w : workspaces) {
     if (w.handle) w.module->workspace_destroy(w.handle);
     w = {};
@@ -742,6 +781,35 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
   const Workspace& w = workspaces[static_cast<int>(b)];
   const std::uint64_t token_bytes =
       Request::message_bytes_of(1, call.hidden, static_cast<Dtype>(call.dtype));
+  // A registered input on its own backend: the zero-copy call, which the
+  // module streams itself.
+  if (const RegisteredArea* area = registered_area(call.input); area != nullptr) {
+    const std::uint64_t bytes = std::uint64_t{call.tokens} * token_bytes;
+    const auto offset =
+        static_cast<std::uint64_t>(static_cast<const std::byte*>(call.input) - area->data);
+    if (bytes > area->bytes - offset) {
+      error = "the input (" + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+              ") crosses the end of its registered allocation of " + std::to_string(area->bytes) +
+              " bytes; pass a view that lies inside it";
+      return ARBITER_INVALID_ARGUMENT;
+    }
+    if (area->backend == b && w.memory != nullptr) {
+      const std::int32_t status = w.memory->run_registered(w.handle, &call, stream);
+      if (status != ARBITER_OK) error = w.module->last_error();
+      return status;
+    }
+  } else if (g_registered_count.load(std::memory_order_relaxed) > registered.size()) {
+    std::lock_guard lock(g_registered_mutex);
+    for (const auto& [owner, other] : g_registered) {
+      const auto* p = static_cast<const std::byte*>(call.input);
+      if (owner != this && p >= other.data && p < other.data + other.bytes) {
+        error =
+            "the input lies in memory registered with another communicator; allocate it with "
+            "this communicator's alloc_registered()/empty(), or copy it into unregistered memory";
+        return ARBITER_INVALID_ARGUMENT;
+      }
+    }
+  }
   const std::uint64_t cap = capacity(b, static_cast<Algorithm>(call.algorithm));
   const std::uint64_t per_slice = token_bytes == 0 ? call.tokens : cap / token_bytes;
   if (std::uint64_t{call.tokens} * token_bytes <= cap || per_slice >= call.tokens) {
@@ -952,6 +1020,78 @@ std::string Communicator::Impl::refusal(
     }
   }
   return out;
+}
+
+Communicator::Result Communicator::alloc_registered(std::uint64_t bytes, void** data) noexcept {
+  Result result;
+  try {
+    if (data != nullptr) *data = nullptr;
+    if (impl_->refuse_if_faulted(result)) return result;
+    if (data == nullptr || bytes == 0) {
+      result.status = ARBITER_INVALID_ARGUMENT;
+      result.error = "alloc_registered: bytes must be > 0 and data not NULL";
+      return result;
+    }
+    // The same backend on every rank: candidates and workspaces agree.
+    for (Backend b : impl_->candidates) {
+      const Workspace& w = impl_->workspaces[static_cast<int>(b)];
+      if (w.handle == nullptr || w.memory == nullptr) continue;
+      void* local = nullptr;
+      const std::int32_t status = w.memory->alloc(w.handle, bytes, &local);
+      if (status != ARBITER_OK) {
+        result.status = static_cast<arbiter_status>(status);
+        result.error = w.module->last_error();
+        return result;
+      }
+      const RegisteredArea area{static_cast<const std::byte*>(local), bytes, b};
+      impl_->registered.push_back(area);
+      {
+        std::lock_guard lock(g_registered_mutex);
+        g_registered.emplace_back(impl_.get(), area);
+        g_registered_count.fetch_add(1, std::memory_order_relaxed);
+      }
+      result.decision.backend = b;
+      *data = local;
+      return result;
+    }
+    result.status = ARBITER_UNSUPPORTED;
+    result.error =
+        "no backend of this communicator allocates registered memory (ABI v2; `arbiter plugins` "
+        "says which modules do); use ordinary memory";
+  } catch (const std::exception& e) {
+    result.status = ARBITER_INTERNAL;
+    result.error = e.what();
+  }
+  return result;
+}
+
+Communicator::Result Communicator::free_registered(void* data) noexcept {
+  Result result;
+  try {
+    auto& areas = impl_->registered;
+    const auto at = std::find_if(areas.begin(), areas.end(),
+                                 [&](const RegisteredArea& a) { return a.data == data; });
+    if (at == areas.end()) {
+      result.status = ARBITER_INVALID_ARGUMENT;
+      result.error =
+          "free_registered: not the start of a registered allocation of this communicator "
+          "(freed twice, a view into one, or another communicator's)";
+      return result;
+    }
+    const Workspace& w = impl_->workspaces[static_cast<int>(at->backend)];
+    const std::int32_t status = w.memory->free(w.handle, data);
+    if (status != ARBITER_OK) {
+      result.status = static_cast<arbiter_status>(status);
+      result.error = w.module->last_error();
+      return result;
+    }
+    impl_->forget_registered(data);
+    areas.erase(at);
+  } catch (const std::exception& e) {
+    result.status = ARBITER_INTERNAL;
+    result.error = e.what();
+  }
+  return result;
 }
 
 const Policy& Communicator::policy() const { return impl_->policy; }

@@ -158,6 +158,17 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     info.faults = faults;
     info.build = faults->module_version;
   }
+  if (const void* m = dlsym(handle->dl, ARBITER_BACKEND_MEMORY_SYMBOL_V2)) {
+    const auto* memory = static_cast<const arbiter_backend_memory_v2_t*>(m);
+    if (memory->memory_version != 2 || memory->alloc == nullptr || memory->free == nullptr ||
+        memory->run_registered == nullptr || memory->alignment == 0) {
+      return record(std::string("malformed ") + ARBITER_BACKEND_MEMORY_SYMBOL_V2 +
+                    ": memory_version " + std::to_string(memory->memory_version) +
+                    " (this arbiter knows 2), a NULL entry or alignment 0 (rebuild the module)");
+    }
+    info.memory = memory;
+    info.abi_version = ARBITER_BACKEND_ABI_VERSION_MEMORY;
+  }
   arbiter_backend_caps caps{};
   const std::int32_t status = entry->probe(&options.probe, &caps);
   if (status != ARBITER_OK) return record("probe failed: " + module_error(entry));
@@ -252,6 +263,15 @@ std::uint32_t Registry::available_mask() const {
     if (impl_->by_backend[b]) mask |= 1u << b;
   }
   return mask;
+}
+
+}  // namespace arbiter
+
+namespace arbiter {
+
+const arbiter_backend_memory_v2_t* Registry::memory(Backend backend) const {
+  const ModuleInfo* m = info(backend);
+  return m != nullptr && m->available ? m->memory : nullptr;
 }
 
 }  // namespace arbiter

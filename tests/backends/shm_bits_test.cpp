@@ -283,6 +283,48 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
           return where + "quant_out differs";
         }
       }
+      // The registered path (ABI v2): the input in memory every rank maps,
+      // read in place, at an offset inside the allocation; with and
+      // without the replicated-residual split, and in place (norm_out over
+      // the input: one-shot copies in). The same bits.
+      const std::size_t bytes = inputs[rank].size();
+      void* area = nullptr;
+      if (shm_memory().alloc(workspace, 2 * bytes + 4096, &area) != ARBITER_OK) {
+        return std::string("alloc: ") + module.last_error();
+      }
+      std::byte* const registered = static_cast<std::byte*>(area) + 4096;
+      for (arbiter_algorithm algorithm :
+           {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          if (variant > 0 && pattern == ARBITER_PATTERN_ALLREDUCE) continue;
+          std::memcpy(registered, inputs[rank].data(), bytes);
+          Outputs got(dtype);
+          arbiter_allreduce_args a =
+              args_for(dtype, pattern, algorithm, registered, residual, gamma, scale, got);
+          if (variant == 1) a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
+          if (variant == 2) a.norm_out = registered;
+          const std::string where = std::string(dtype_name(dtype)) + " pattern " +
+                                    std::to_string(pattern) + " " + algorithm_name(algorithm) +
+                                    " registered variant " + std::to_string(variant) + ": ";
+          if (shm_memory().run_registered(workspace, &a, nullptr) != ARBITER_OK) {
+            return where + "run_registered: " + module.last_error();
+          }
+          std::vector<std::byte> norm_out = got.norm_out;
+          if (variant == 2) norm_out.assign(registered, registered + bytes);
+          for (const std::string& problem :
+               {compare("allreduce_out", got.allreduce_out, want.allreduce_out),
+                compare("residual_out", got.residual_out, want.residual_out),
+                compare("norm_out", norm_out, want.norm_out)}) {
+            if (!problem.empty()) return where + problem;
+          }
+          if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8 && got.quant != want.quant) {
+            return where + "quant_out differs";
+          }
+        }
+      }
+      if (shm_memory().free(workspace, area) != ARBITER_OK) {
+        return std::string("free: ") + module.last_error();
+      }
     }
     module.workspace_destroy(workspace);
   }
@@ -337,6 +379,7 @@ BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_specia
       }
       run_group(2, check_rank);
       run_group(3, check_rank);
+      run_group(4, check_rank);
     }
   }
   unsetenv("ARBITER_SHM_ISA");

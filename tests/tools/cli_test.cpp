@@ -304,6 +304,9 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
       saw_shm = true;
       BOOST_TEST(m["available"].boolean);
       BOOST_TEST(m["device"].string == "cpu");
+      // The shm module exports the registered-memory companion: ABI v2.
+      BOOST_TEST(m["abi_version"].number == "2");
+      BOOST_TEST(m["registered_memory"].boolean);
     }
   }
   BOOST_TEST(saw_shm, r.output);
@@ -316,5 +319,5 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
       run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" + std::string(ARBITER_PLUGIN_DIR) + " " +
                   ARBITER_BIN + " plugins");
   BOOST_TEST(broken.exit_code == 0, broken.output);
-  BOOST_TEST(contains(broken.output, "shm  ABI v1  available (cpu ranks)"), broken.output);
+  BOOST_TEST(contains(broken.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"), broken.output);
 }

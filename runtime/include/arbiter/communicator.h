@@ -153,6 +153,21 @@ class Communicator {
   Result run_on(Backend backend, Algorithm algorithm, const arbiter_allreduce_args& args,
                 void* stream) noexcept;
 
+  // Registered memory (ABI v2, docs/registered-buffers.md). Collective:
+  // every rank, same order, same bytes. Allocates `bytes` per rank from the
+  // first usable backend whose module has the registered-memory companion
+  // (on CPU ranks, shm), in memory every rank maps; *data is this rank's
+  // part, aligned to at least 4096 bytes on shm. A call whose input lies in
+  // it (at the same offset on every rank) and that the policy sends to that
+  // backend reads the peers' inputs in place; any other call works as
+  // before. ARBITER_UNSUPPORTED when no backend can; nothing allocated.
+  Result alloc_registered(std::uint64_t bytes, void** data) noexcept;
+  // Local, never waits on a peer (peers' views stay valid). `data` exactly
+  // as alloc_registered() returned it: anything else is
+  // ARBITER_INVALID_ARGUMENT, nothing freed. The destructor frees what is
+  // left; pointers into it dangle afterwards.
+  Result free_registered(void* data) noexcept;
+
   // Thread-safe: any thread, any number of times, while the communicator
   // exists (not concurrently with its destructor). Aborts every workspace
   // (the modules' arbiter_backend_v1_faults): a call waiting on a peer

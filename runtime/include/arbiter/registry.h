@@ -19,8 +19,11 @@ namespace arbiter {
 // One module file as found and loaded.
 struct ModuleInfo {
   std::string path;
-  std::string name;               // from the module ("shm"); the file name if unreadable
-  std::uint32_t abi_version = 0;  // 0 when no known entry symbol was found
+  std::string name;  // from the module ("shm"); the file name if unreadable
+  // The ABI the module speaks: its entry struct's version, raised to 2 when
+  // it also exports the registered-memory companion (arbiter_backend_v2_memory).
+  // 0 when no known entry symbol was found.
+  std::uint32_t abi_version = 0;
   bool available = false;
   std::string reason;              // why not available; empty when available
   std::optional<Backend> backend;  // the policy's backend this module serves
@@ -31,6 +34,9 @@ struct ModuleInfo {
   // The module's build as it reports it ("" without the companion); a
   // communicator refuses ranks that loaded different builds.
   std::string build;
+  // The module's registered-memory companion (ABI v2), or nullptr (a v1
+  // module: every call copies its input into the workspace).
+  const arbiter_backend_memory_v2_t* memory = nullptr;
   // The system library the module runs on, when it has one: for nccl
   // "libnccl.so.2 2.28.3 (/path; how it was found)". Empty otherwise.
   std::string dependency;
@@ -85,6 +91,8 @@ class Registry {
   const ModuleInfo* info(Backend backend) const;
   // Its faults companion, or nullptr (none, or no available module).
   const arbiter_backend_faults_v1_t* faults(Backend backend) const;
+  // Its registered-memory companion, or nullptr (none, or no available module).
+  const arbiter_backend_memory_v2_t* memory(Backend backend) const;
   // Bit (1 << Backend) for every available backend.
   std::uint32_t available_mask() const;
 

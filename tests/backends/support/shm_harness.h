@@ -49,6 +49,16 @@ inline const arbiter_backend_faults_v1_t& shm_faults() {
   return *faults;
 }
 
+// The module's registered-memory companion (ABI v2).
+inline const arbiter_backend_memory_v2_t& shm_memory() {
+  static const arbiter_backend_memory_v2_t* memory = [] {
+    void* symbol = dlsym(shm_module_handle(), ARBITER_BACKEND_MEMORY_SYMBOL_V2);
+    BOOST_TEST_REQUIRE(symbol != nullptr);
+    return static_cast<const arbiter_backend_memory_v2_t*>(symbol);
+  }();
+  return *memory;
+}
+
 inline std::set<std::string> shm_entries() {
   std::set<std::string> names;
   if (DIR* dir = opendir("/dev/shm")) {

@@ -351,6 +351,75 @@ int main(int argc, char** argv) try {
     if (refused)
       std::printf("[rank %d] not asked for: refused: %s\n", boot.rank(), problem.c_str());
     report("not asked for", decision, refused ? "" : "expected a refusal, got: " + problem);
+  } else if (mode == "registered") {
+    // comm.alloc_registered(): a registered input gives the bits of the same
+    // call on ordinary memory (one-shot and two-shot sizes), and misuse is
+    // refused with a clear error.
+    const auto bf16 = arbiter::Dtype::kBf16;
+    arbiter::Communicator comm(*boot.oob(), policy, registry, cpu_options(512, 1024, bf16));
+    arbiter::Communicator other(*boot.oob(), policy, registry, cpu_options(512, 1024, bf16));
+    const std::uint64_t bytes = 512 * 1024 * 2;
+    void* area = nullptr;
+    void* foreign = nullptr;
+    auto expect = [&](bool ok, const std::string& what) {
+      if (!ok) {
+        std::printf("rank %d: %s\n", boot.rank(), what.c_str());
+        ++failures;
+      }
+    };
+    auto r = comm.alloc_registered(bytes, &area);
+    expect(r.status == ARBITER_OK, "alloc_registered: " + r.error);
+    r = other.alloc_registered(4096, &foreign);
+    expect(r.status == ARBITER_OK, "alloc_registered (other): " + r.error);
+    auto* registered = static_cast<std::uint16_t*>(area);
+    std::vector<std::uint16_t> plain(bytes / 2), out_a(bytes / 2), out_b(bytes / 2);
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+      plain[i] = static_cast<std::uint16_t>(0x3C00 + (i * 7 + boot.rank() * 3) % 200);
+      registered[i] = plain[i];
+    }
+    for (std::uint32_t tokens : {1u, 3u, 64u, 512u}) {
+      arbiter_allreduce_args a{};
+      a.pattern = ARBITER_PATTERN_ALLREDUCE;
+      a.dtype = ARBITER_DTYPE_BF16;
+      a.tokens = tokens;
+      a.hidden = 1024;
+      a.input = plain.data();
+      a.allreduce_out = out_a.data();
+      r = comm.allreduce_fusion(a, nullptr);
+      expect(r.status == ARBITER_OK, "plain call: " + r.error);
+      a.input = registered;
+      a.allreduce_out = out_b.data();
+      r = comm.allreduce_fusion(a, nullptr);
+      expect(r.status == ARBITER_OK, "registered call: " + r.error);
+      expect(std::memcmp(out_a.data(), out_b.data(), std::size_t{tokens} * 2048) == 0,
+             "registered and plain calls differ at " + std::to_string(tokens) + " tokens");
+    }
+    arbiter_allreduce_args a{};
+    a.pattern = ARBITER_PATTERN_ALLREDUCE;
+    a.dtype = ARBITER_DTYPE_BF16;
+    a.tokens = 2;
+    a.hidden = 1024;
+    a.allreduce_out = out_a.data();
+    a.input = registered + 511 * 1024;  // the last token and one past the end
+    r = comm.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_INVALID_ARGUMENT &&
+               r.error.find("crosses the end") != std::string::npos,
+           "a view crossing the end: " + r.error);
+    a.input = foreign;
+    r = comm.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_INVALID_ARGUMENT &&
+               r.error.find("another communicator") != std::string::npos,
+           "another communicator's memory: " + r.error);
+    r = comm.free_registered(registered + 1024);
+    expect(r.status == ARBITER_INVALID_ARGUMENT, "freeing a view: " + r.error);
+    r = comm.free_registered(area);
+    expect(r.status == ARBITER_OK, "free: " + r.error);
+    r = comm.free_registered(area);
+    expect(r.status == ARBITER_INVALID_ARGUMENT, "a second free: " + r.error);
+    // Still usable, and `foreign` freed by its communicator's destructor.
+    a.input = plain.data();
+    r = comm.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_OK, "a call after free: " + r.error);
   } else if (mode == "agreement") {
     try {
       const std::uint32_t hidden = boot.rank() == 1 ? 2048 : 1024;

@@ -177,3 +177,15 @@ BOOST_AUTO_TEST_CASE(the_example_on_cuda_says_clearly_what_is_missing) {
   BOOST_TEST(!contains(r.output, "terminate called"), r.output);
 }
 #endif
+
+BOOST_AUTO_TEST_CASE(registered_memory_gives_the_same_bits_and_refuses_misuse) {
+  const int before = arbiter_shm_files();
+  for (int ranks : {2, 3}) {
+    const CommandResult r = launch(ranks, "registered");
+    BOOST_TEST(r.exit_code == 0, r.output);
+    for (int k = 0; k < ranks; ++k) {
+      BOOST_TEST(contains(r.output, "rank " + std::to_string(k) + ": OK"), r.output);
+    }
+  }
+  BOOST_TEST(arbiter_shm_files() == before);
+}

@@ -1,0 +1,224 @@
+// Collective allocation of registered memory: rank 0 creates and reserves
+// the object, broadcasts its name (or why it has none), the others map it,
+// an allgather of every rank's result is the barrier after which rank 0
+// unlinks the name. As workspace creation does, with less to agree on.
+#include "registered.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+namespace arbiter::shm {
+
+namespace {
+
+constexpr std::size_t kTextBytes = 160;
+
+struct Announcement {
+  std::int32_t status;
+  char name[64];
+  char message[kTextBytes];
+};
+
+struct Report {
+  std::int32_t status;
+  char message[kTextBytes];
+};
+
+void copy_text(char* out, std::size_t size, const std::string& text) {
+  const std::size_t n = std::min(text.size(), size - 1);
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
+}
+
+std::string errno_text(const std::string& call) { return call + ": " + std::strerror(errno); }
+
+std::string oob_text(const arbiter_oob& oob, std::int32_t code, const char* step) {
+  const char* reason = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
+  return std::string("shm alloc: oob ") + step + " failed (code " + std::to_string(code) +
+         "): " + (reason && *reason ? reason : "no reason given");
+}
+
+Status create_object(std::uint64_t total, std::string& name, void** base) {
+  std::random_device random;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    char suffix[17];
+    std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
+    name = std::string("/arbiter-shm-reg-") + suffix;
+    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno != EEXIST) return {ARBITER_UNAVAILABLE, errno_text("shm_open")};
+  }
+  if (fd < 0) return {ARBITER_UNAVAILABLE, "shm_open: no free name after 16 attempts"};
+  Status status;
+  if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    status = {ARBITER_UNAVAILABLE, errno_text("ftruncate")};
+  } else if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(total));
+             error != 0 && error != EOPNOTSUPP && error != EINVAL) {
+    // Reserve now: on a full /dev/shm a first touch would raise SIGBUS.
+    status = {ARBITER_UNAVAILABLE, "posix_fallocate(" + std::to_string(total) +
+                                       " bytes) on /dev/shm: " + std::strerror(error) +
+                                       " (free space in /dev/shm, or allocate less)"};
+  } else if (*base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+             *base == MAP_FAILED) {
+    *base = nullptr;
+    status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
+  }
+  close(fd);
+  if (!status.ok()) shm_unlink(name.c_str());
+  return status;
+}
+
+Status map_object(const std::string& name, std::uint64_t total, void** base) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return {ARBITER_UNAVAILABLE, errno_text("shm_open(" + name + ")")};
+  struct stat info {};
+  Status status;
+  if (fstat(fd, &info) != 0) {
+    status = {ARBITER_UNAVAILABLE, errno_text("fstat")};
+  } else if (static_cast<std::uint64_t>(info.st_size) != total) {
+    status = {ARBITER_MISMATCH, name + " has " + std::to_string(info.st_size) +
+                                    " bytes, this rank expected " + std::to_string(total) +
+                                    " (every rank must allocate the same size)"};
+  } else if (*base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+             *base == MAP_FAILED) {
+    *base = nullptr;
+    status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
+  }
+  close(fd);
+  return status;
+}
+
+}  // namespace
+
+RegisteredMemory::~RegisteredMemory() {
+  for (const Allocation& a : allocations_) munmap(a.base, a.total);
+}
+
+Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_ms,
+                                  std::uint64_t bytes, void** local) {
+  *local = nullptr;
+  const std::uint64_t ranks = oob.size > 0 ? static_cast<std::uint64_t>(oob.size) : 1;
+  const std::uint64_t stride =
+      (bytes + kRegisteredAlignment - 1) / kRegisteredAlignment * kRegisteredAlignment;
+  // Checked alike on every rank (same bytes), so all refuse together.
+  if (bytes == 0 || stride < bytes || stride > (std::uint64_t{1} << 40) / ranks) {
+    return {ARBITER_INVALID_ARGUMENT, "shm alloc: " + std::to_string(bytes) +
+                                          " bytes per rank; ask for 1 byte to 1 TiB / ranks"};
+  }
+  const std::uint64_t total = stride * ranks;
+  void* base = nullptr;
+  if (ranks == 1) {
+    base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return {ARBITER_UNAVAILABLE, errno_text("shm alloc: mmap")};
+  } else {
+    Announcement announcement{};
+    std::string name;
+    if (oob.rank == 0) {
+      const Status created = create_object(total, name, &base);
+      announcement.status = created.code();
+      copy_text(announcement.name, sizeof announcement.name, name);
+      copy_text(announcement.message, kTextBytes, created.message());
+    }
+    std::int32_t code = oob.broadcast(oob.ctx, &announcement, sizeof announcement, 0, timeout_ms);
+    if (code != ARBITER_OK) {
+      if (base != nullptr) munmap(base, total);
+      if (oob.rank == 0 && announcement.status == ARBITER_OK) shm_unlink(name.c_str());
+      return {static_cast<arbiter_status>(code), oob_text(oob, code, "broadcast of the name")};
+    }
+    if (announcement.status != ARBITER_OK) {
+      return {static_cast<arbiter_status>(announcement.status),
+              "shm alloc: rank 0 could not create " + std::to_string(total) +
+                  " bytes of shared memory: " + announcement.message};
+    }
+    name = announcement.name;
+    Report report{};
+    if (oob.rank != 0) {
+      const Status mapped = map_object(name, total, &base);
+      report.status = mapped.code();
+      copy_text(report.message, kTextBytes, mapped.message());
+    }
+    std::vector<Report> reports(ranks);
+    code = oob.allgather(oob.ctx, &report, reports.data(), sizeof(Report), timeout_ms);
+    if (oob.rank == 0) shm_unlink(name.c_str());  // everyone holds it, or gave up
+    Status failed;
+    if (code != ARBITER_OK) {
+      failed = {static_cast<arbiter_status>(code), oob_text(oob, code, "allgather of results")};
+    }
+    for (std::uint64_t r = 0; r < ranks && failed.ok(); ++r) {
+      if (reports[r].status != ARBITER_OK) {
+        failed = {static_cast<arbiter_status>(reports[r].status),
+                  "shm alloc: rank " + std::to_string(r) + " could not map " + name + ": " +
+                      reports[r].message};
+      }
+    }
+    if (!failed.ok()) {
+      if (base != nullptr) munmap(base, total);
+      return failed;
+    }
+  }
+  Allocation a;
+  a.serial = made_++;
+  a.base = static_cast<std::byte*>(base);
+  a.stride = stride;
+  a.bytes = bytes;
+  a.total = total;
+  a.local = a.base + (ranks == 1 ? 0 : static_cast<std::uint64_t>(oob.rank) * stride);
+  try {
+    allocations_.push_back(a);
+  } catch (...) {
+    munmap(base, total);
+    throw;
+  }
+  *local = a.local;
+  return {};
+}
+
+Status RegisteredMemory::release(void* local) {
+  const auto at = std::find_if(allocations_.begin(), allocations_.end(),
+                               [&](const Allocation& a) { return a.local == local; });
+  if (at == allocations_.end()) {
+    return {ARBITER_INVALID_ARGUMENT,
+            "shm free: the pointer is not the start of an allocation of this workspace (freed "
+            "twice, a view into one, or another communicator's)"};
+  }
+  munmap(at->base, at->total);
+  allocations_.erase(at);
+  return {};
+}
+
+const Allocation* RegisteredMemory::find(const void* pointer, std::uint64_t bytes,
+                                         std::string& why) const {
+  const auto* p = static_cast<const std::byte*>(pointer);
+  for (const Allocation& a : allocations_) {
+    if (p < a.local || p >= a.local + a.bytes) continue;
+    const auto offset = static_cast<std::uint64_t>(p - a.local);
+    if (bytes > a.bytes - offset) {
+      why = "the registered input (" + std::to_string(bytes) + " bytes at offset " +
+            std::to_string(offset) + ") crosses the end of its allocation of " +
+            std::to_string(a.bytes) + " bytes; pass a view that lies inside it";
+      return nullptr;
+    }
+    return &a;
+  }
+  why =
+      "the input is not in memory registered with this workspace (allocate it with this "
+      "communicator's empty()/alloc, or make an unregistered call)";
+  return nullptr;
+}
+
+std::uint64_t RegisteredMemory::key(const Allocation& allocation, const void* input) {
+  const auto offset =
+      static_cast<std::uint64_t>(static_cast<const std::byte*>(input) - allocation.local);
+  // Offsets are below 2^40 (allocate() caps a part at 1 TiB); serial + 1 is never 0.
+  return ((allocation.serial + 1) << 40) | offset;
+}
+
+}  // namespace arbiter::shm
