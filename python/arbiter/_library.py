@@ -218,6 +218,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(CDecision),
     ]
     lib.arbiter_comm_allreduce_fusion.restype = c_int32
+    lib.arbiter_comm_alloc.argtypes = [c_void_p, c_uint64, POINTER(c_void_p)]
+    lib.arbiter_comm_alloc.restype = c_int32
+    lib.arbiter_comm_free.argtypes = [c_void_p, c_void_p]
+    lib.arbiter_comm_free.restype = c_int32
     lib.arbiter_comm_destroy.argtypes = [c_void_p]
     lib.arbiter_comm_destroy.restype = None
     lib.arbiter_comm_abort.argtypes = [c_void_p]

@@ -59,6 +59,27 @@ def _pattern_mask(patterns: object) -> int:
     return mask
 
 
+class _Registered:
+    """One arbiter_comm_alloc allocation, the base of the arrays empty()
+    returns: numpy keeps it alive while any view of its memory lives, and
+    freeing it is the last view's death. It holds its communicator, so the
+    communicator cannot be collected (and destroy the mapping) under it."""
+
+    __slots__ = ("__array_interface__", "_comm", "_address")
+
+    def __init__(self, comm: "Communicator", address: int, shape: tuple, typestr: str) -> None:
+        self._comm = comm
+        self._address = address
+        self.__array_interface__ = {"shape": shape, "typestr": typestr,
+                                    "data": (address, False), "version": 3}
+
+    def __del__(self) -> None:
+        # At interpreter exit the communicator's own teardown is skipped
+        # too (it is collective); the process's exit unmaps the memory.
+        if not sys.is_finalizing():
+            self._comm._free_registered(self._address)
+
+
 class Communicator:
     """The ranks of one all-reduce group, with arbiter's backends ready to
     run. Collective to create and to close (every rank, same order)."""
@@ -181,6 +202,8 @@ class Communicator:
         self._lock = threading.Lock()
         self._tensor_type = _NoTensor
         self._op_handle = None
+        self._registered = 0  # live empty() allocations; close() refuses while > 0
+        self._pending_frees: list[int] = []  # dead ones not yet freed (see _free_registered)
         if not isinstance(hidden, int) or isinstance(hidden, bool) or not 0 < hidden < 2**32:
             raise _invalid(f"hidden {hidden!r} is not a positive integer")
         if max_tokens is not None and (
@@ -358,6 +381,73 @@ class Communicator:
         return _array_call.run(self, x, residual, weight, eps, pattern, out, stream, scale,
                                weight_bias, residual_replicated)
 
+    # --- registered memory ------------------------------------------------
+
+    def empty(self, shape: int | tuple, dtype: object = None) -> object:
+        """Collective (every rank, same shape and dtype, same order): a new
+        numpy array, uninitialised, in registered memory that every rank
+        maps (docs/registered-buffers.md). A call whose x is such an array,
+        or a view of it at the same offset on every rank, reads the peers'
+        inputs in place instead of copying them; on return the peers are
+        done reading, so x may be overwritten at once. Any other call works
+        as before.
+
+        dtype: None for the communicator's dtype (bf16 as uint16 bits, as
+        every array of this binding), "fp16"/"bf16"/"fp32", or a numpy dtype.
+
+        The memory stays allocated while the array or any view of it lives,
+        and is freed (locally: peers keep their own views) when the last
+        one dies. close() refuses while such an array lives: numpy cannot
+        invalidate an array, so freeing the mapping under it would leave it
+        pointing at unmapped memory. Raises ArbiterError(UNSUPPORTED) where
+        no backend of this communicator has registered memory."""
+        import numpy as np
+
+        if not self._handle:
+            raise _invalid("empty(): the communicator is closed")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0
+                            for n in shape):
+            raise _invalid(f"empty(): shape {shape!r} is not a tuple of positive integers")
+        if dtype is None:
+            kind = np.dtype(_array_call._NUMPY_TYPES[self.dtype])
+        elif isinstance(dtype, Dtype) or (isinstance(dtype, str)
+                                          and dtype in ("fp16", "bf16", "fp32")):
+            kind = np.dtype(_array_call._NUMPY_TYPES[parse_dtype(dtype)])
+        else:
+            kind = np.dtype(dtype)
+        nbytes = math.prod(shape) * kind.itemsize
+        data = ctypes.c_void_p()
+        with self._lock:
+            if not self._handle:
+                raise _invalid("empty(): the communicator is closed")
+            self._drain_frees()
+            _library.check(self._lib, self._lib.arbiter_comm_alloc(
+                self._handle, nbytes, ctypes.byref(data)))
+            self._registered += 1
+        owner = _Registered(self, data.value, shape, kind.str)
+        return np.asarray(owner)
+
+    def _free_registered(self, address: int) -> None:
+        """The last view of an empty() array died: frees it on this rank.
+        The death may come in the middle of a call on this communicator (the
+        garbage collector runs anywhere, threads too), which holds the lock:
+        then the free waits for the next empty(), free or close()."""
+        self._registered -= 1
+        self._pending_frees.append(address)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain_frees()
+            finally:
+                self._lock.release()
+
+    def _drain_frees(self) -> None:
+        """Frees the allocations whose arrays died (with self._lock held)."""
+        while self._pending_frees:
+            address = self._pending_frees.pop()
+            if self._handle:
+                _library.check(self._lib, self._lib.arbiter_comm_free(self._handle, address))
+
     # --- lifetime ---------------------------------------------------------
 
     def abort(self) -> None:
@@ -373,9 +463,16 @@ class Communicator:
 
     def close(self) -> None:
         """Collective: frees every workspace (every rank must close). After
-        a failed call or abort() it is local, waiting on no peer."""
+        a failed call or abort() it is local, waiting on no peer. Refuses
+        (ArbiterError INVALID_ARGUMENT, nothing closed) while an array from
+        empty() or a view of it lives: delete those first."""
         if self._handle:
             with self._lock:  # not while a call runs on it
+                if self._registered:
+                    raise _invalid(
+                        f"close(): {self._registered} array(s) from empty() are still alive "
+                        "and would point at freed memory; delete them and every view of "
+                        "them (del a; gc.collect() if they sit in a cycle) before close()")
                 handle, self._handle = self._handle, ctypes.c_void_p()
                 self._handle_value = 0
             if self._op_handle is not None:

@@ -313,6 +313,54 @@ def scenario_fingerprint(outdir: str) -> None:
     fail("ranks with different tables got a communicator")
 
 
+def scenario_registered(outdir: str) -> None:
+    """Communicator.empty(): registered arrays give the bits of ordinary
+    ones (one-shot and two-shot sizes), views crossing the end or of another
+    communicator are refused, close() refuses while an array lives, and the
+    memory is freed when the last view dies."""
+    import gc
+
+    with arbiter.Communicator.from_environment(
+        hidden=HIDDEN, dtype="bf16", max_tokens=MAX_TOKENS, timeout=20
+    ) as comm, arbiter.Communicator.from_environment(
+        hidden=HIDDEN, dtype="bf16", max_tokens=8, timeout=20
+    ) as other:
+        x = comm.empty((MAX_TOKENS, HIDDEN))
+        if x.dtype != np.uint16 or x.shape != (MAX_TOKENS, HIDDEN):
+            fail(f"empty(): got {x.dtype} {x.shape}")
+        res = make(7, 1, (MAX_TOKENS, HIDDEN), "bf16")
+        w = make(9, 1, (HIDDEN,), "bf16")
+        for t in (2, 96, MAX_TOKENS):
+            plain = make(comm.rank, t, (t, HIDDEN), "bf16")
+            x[:t] = plain
+            a = comm.allreduce_fusion(plain, res[:t], w)
+            b = comm.allreduce_fusion(x[:t], res[:t], w)
+            for key in ("norm_out", "residual_out"):
+                if not np.array_equal(getattr(a, key), getattr(b, key)):
+                    fail(f"registered and ordinary {key} differ at {t} tokens")
+        # The last token and one past the end of the allocation.
+        crossing = np.lib.stride_tricks.as_strided(x[-1:], shape=(2, HIDDEN))
+        expect_error("a view crossing the end", "crosses the end",
+                     lambda: comm.allreduce_fusion(crossing))
+        foreign = other.empty((4, HIDDEN))
+        foreign[:] = 0
+        expect_error("another communicator's array", "another communicator",
+                     lambda: comm.allreduce_fusion(foreign))
+        # A view keeps the allocation (crossing is one too): close() is refused
+        # until every view dies.
+        view = x[1:3]
+        del x
+        gc.collect()
+        expect_error("close() with a live view", "still alive", comm.close)
+        view[:] = make(comm.rank, 2, (2, HIDDEN), "bf16")  # still mapped
+        comm.allreduce_fusion(view)
+        del view, foreign, crossing
+        gc.collect()
+        if comm._registered or other._registered or comm._pending_frees:
+            fail(f"allocations left: {comm._registered}, {other._registered}")
+    print("registered: OK", flush=True)
+
+
 def save(outdir: str, record: dict, saved: dict) -> None:
     rank = int(os.environ["RANK"])
     np.savez(os.path.join(outdir, f"rank{rank}.npz"), **saved)

@@ -183,6 +183,16 @@ def test_bad_calls_raise_before_anyone_waits(arbiter_bin, tmp_path):
     assert log.count("bad calls refused") == 2, log
 
 
+def test_registered_arrays_from_empty_give_the_same_bits_and_refuse_misuse(arbiter_bin,
+                                                                            tmp_path):
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("arbiter-shm-")}
+    code, log = launch(arbiter_bin, tmp_path, 2, "registered")
+    assert code == 0, log
+    assert log.count("registered: OK") == 2, log
+    after = {n for n in os.listdir("/dev/shm") if n.startswith("arbiter-shm-")}
+    assert after <= before, log
+
+
 def test_a_rank_that_raises_fails_its_peers_by_the_deadline(arbiter_bin, tmp_path):
     code, log = launch(arbiter_bin, tmp_path, 2, "raise")
     assert code == 0, log

@@ -326,6 +326,26 @@ int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduc
   return ARBITER_OK;
 }
 
+int32_t arbiter_comm_alloc(arbiter_comm* comm, uint64_t bytes, void** data) {
+  if (!comm || !data) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  *data = nullptr;
+  const arbiter::Communicator::Result r = comm->comm->alloc_registered(bytes, data);
+  if (r.status != ARBITER_OK) return fail(r.status, r.error);
+  g_last_error.clear();
+  return ARBITER_OK;
+}
+
+int32_t arbiter_comm_free(arbiter_comm* comm, void* data) {
+  if (!comm) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  // free_registered() refuses NULL too, but saying so here names the cause.
+  if (!data)
+    return fail(ARBITER_INVALID_ARGUMENT, "data is NULL (not an arbiter_comm_alloc result)");
+  const arbiter::Communicator::Result r = comm->comm->free_registered(data);
+  if (r.status != ARBITER_OK) return fail(r.status, r.error);
+  g_last_error.clear();
+  return ARBITER_OK;
+}
+
 int32_t arbiter_comm_abort(arbiter_comm* comm) {
   if (!comm) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
   comm->comm->abort();  // noexcept; g_last_error is this thread's own

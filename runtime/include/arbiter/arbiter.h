@@ -147,6 +147,26 @@ int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out);
  * may be exactly input or residual_in; other overlaps are refused. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
+/* Registered memory (docs/registered-buffers.md). Collective: every rank
+ * calls it with the same bytes, in the same order as its other allocs and
+ * calls. *data gets this rank's part of memory every rank maps (shm: aligned
+ * to a 4096-byte page). A call whose input lies in it, at the same offset on
+ * every rank, reads the peers' inputs in place instead of copying them; any
+ * other call works as before. On return of such a call the peers have
+ * finished reading this rank's input. An input crossing the end of its
+ * allocation, or lying in another communicator's, is
+ * ARBITER_INVALID_ARGUMENT; a rank passing registered memory where another
+ * does not (or another offset) is ARBITER_MISMATCH on every rank, nothing
+ * written. ARBITER_UNSUPPORTED when no backend of the communicator has
+ * registered memory; nothing allocated then. */
+int32_t arbiter_comm_alloc(arbiter_comm* comm, uint64_t bytes, void** data);
+/* Local: never waits on a peer, whose views stay mapped until they free
+ * theirs. `data` exactly as arbiter_comm_alloc returned it; anything else
+ * (a pointer inside it, a second free, NULL) is ARBITER_INVALID_ARGUMENT and
+ * frees nothing. Works after arbiter_comm_abort. arbiter_comm_destroy frees
+ * what is left: pointers into it dangle afterwards. */
+int32_t arbiter_comm_free(arbiter_comm* comm, void* data);
+
 /* Thread-safe: callable from any thread while `comm` exists (not
  * concurrently with arbiter_comm_destroy), e.g. from a framework's watchdog
  * while another thread waits in arbiter_comm_allreduce_fusion. That call

@@ -6,12 +6,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arbiter/arbiter.h"
+#include "thread_oob.h"
 
 extern "C" int32_t c_decide_nvl72(uint64_t bytes, arbiter_decision* out);
+extern "C" int c_registered_rank(const arbiter_oob* oob, char* why, size_t size);
 
 namespace {
 
@@ -230,5 +234,41 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   BOOST_TEST(std::string(arbiter_last_error()).find("pattern_mask 128") != std::string::npos);
   BOOST_TEST(comm == nullptr);
   arbiter_policy_free(p);
+  unsetenv("ARBITER_PLUGIN_PATH");
+}
+
+namespace {
+int arbiter_shm_files() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind("arbiter-shm-", 0) == 0;
+  }
+  return n;
+}
+}  // namespace
+
+// arbiter_comm_alloc/_free from C at 2 ranks (threads of this process, an
+// in-process oob): registered inputs give the bits of ordinary ones, a bad
+// free is refused with a message, and destroy frees what is left, so
+// nothing stays in /dev/shm.
+BOOST_AUTO_TEST_CASE(registered_memory_from_c_gives_the_same_bits_and_refuses_a_bad_free) {
+  unsetenv("ARBITER_CONFIG");
+  unsetenv("ARBITER_BACKENDS");
+  setenv("ARBITER_PLUGIN_PATH", ARBITER_PLUGIN_DIR, 1);
+  const int before = arbiter_shm_files();
+  arbiter::test::ThreadGroup group(2);
+  std::vector<std::string> why(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      const arbiter_oob oob = group.oob(r);
+      char buf[512] = "";
+      if (c_registered_rank(&oob, buf, sizeof buf) != 0) why[r] = buf;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  BOOST_TEST(why[0] == "");
+  BOOST_TEST(why[1] == "");
+  BOOST_TEST(arbiter_shm_files() == before);
   unsetenv("ARBITER_PLUGIN_PATH");
 }
