@@ -201,20 +201,31 @@ Status run_streamed(Workspace& workspace, const arbiter_allreduce_args& args) {
   return status;
 }
 
+// What every call, copied or registered, starts with: count it, refuse it
+// after a fault or for bad arguments, and set its signature. `*empty`: no
+// tokens (the ranks still meet).
+Status start_call(arbiter_workspace* handle, const arbiter_allreduce_args* args, Workspace** out,
+                  bool* empty) {
+  if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
+  Workspace& workspace = *from_handle(handle);
+  *out = &workspace;
+  workspace.call = workspace.runs++;
+  workspace.fault_point("shm.call.start");
+  // A workspace that saw a fault fails every call at once.
+  if (Status status = workspace.usable(); !status.ok()) return status;
+  if (Status status = check_run(workspace, args, *empty); !status.ok()) return status;
+  workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
+  workspace.registered_key = 0;
+  return {};
+}
+
 std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, void*) {
   return guarded("run", [&]() -> Status {
-    if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
-    Workspace& workspace = *from_handle(handle);
-    workspace.call = workspace.runs++;
-    workspace.fault_point("shm.call.start");
-    // A workspace that saw a fault fails every call at once.
-    if (Status status = workspace.usable(); !status.ok()) return status;
+    Workspace* workspace = nullptr;
     bool empty = false;
-    if (Status status = check_run(workspace, args, empty); !status.ok()) return status;
-    workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
-    workspace.registered_key = 0;
-    if (empty) return workspace.world_size() > 1 ? run_empty(workspace) : Status();
-    return run_streamed(workspace, *args);
+    if (Status status = start_call(handle, args, &workspace, &empty); !status.ok()) return status;
+    if (empty) return workspace->world_size() > 1 ? run_empty(*workspace) : Status();
+    return run_streamed(*workspace, *args);
   });
 }
 
@@ -242,15 +253,10 @@ bool output_over_input(const arbiter_allreduce_args& a, std::uint64_t bytes) {
 // input located in the shared mapping at the same offset.
 std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_args* args, void*) {
   return guarded("run", [&]() -> Status {
-    if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
-    Workspace& workspace = *from_handle(handle);
-    workspace.call = workspace.runs++;
-    workspace.fault_point("shm.call.start");
-    if (Status status = workspace.usable(); !status.ok()) return status;
+    Workspace* started = nullptr;
     bool empty = false;
-    if (Status status = check_run(workspace, args, empty); !status.ok()) return status;
-    workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
-    workspace.registered_key = 0;
+    if (Status status = start_call(handle, args, &started, &empty); !status.ok()) return status;
+    Workspace& workspace = *started;
     if (empty) return workspace.world_size() > 1 ? run_empty(workspace) : Status();
     const arbiter_allreduce_args& a = *args;
     const std::size_t row_bytes = std::size_t{a.hidden} * common::dtype_size(a.dtype);
