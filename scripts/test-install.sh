@@ -69,7 +69,7 @@ if grep -rlF "$build" "$prefix/$libdir/cmake" "$prefix/$libdir/pkgconfig" > /dev
 fi
 arbiter=$prefix/bin/arbiter
 "$arbiter" plugins > "$work/plugins.txt"
-grep -qF "shm  ABI v1  available" "$work/plugins.txt" || die "$(cat "$work/plugins.txt")"
+grep -qF "shm  ABI v2 (registered memory)  available" "$work/plugins.txt" || die "$(cat "$work/plugins.txt")"
 grep -qF "$prefix/bin/../$libdir/arbiter/libarbiter-shm.so" "$work/plugins.txt" ||
   die "the runtime did not load its modules from the prefix: $(cat "$work/plugins.txt")"
 

@@ -150,7 +150,7 @@ cd "$1"
 arbiter decide --capability 10.3 --world-size 16 --nodes 4 --nvlink-domain --multicast \
   --bytes 64MiB | grep -q "mnnvl twoshot fused" || { echo "decide on the defaults"; exit 1; }
 arbiter plugins > plugins.txt
-grep -q "^shm  ABI v1  available (cpu ranks)" plugins.txt || { cat plugins.txt; exit 1; }
+grep -q "^shm  ABI v2 (registered memory)  available (cpu ranks)" plugins.txt || { cat plugins.txt; exit 1; }
 arbiter launch --nproc 2 --timeout 120 -- python "$2/comm.py" > comm.log 2>&1 ||
   { cat comm.log; exit 1; }
 [ "$(grep -c 'shm oneshot via' comm.log)" = 2 ] || { cat comm.log; exit 1; }
