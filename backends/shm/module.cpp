@@ -167,11 +167,8 @@ std::uint64_t max_message_bytes(const arbiter_workspace* handle, arbiter_algorit
 // A call of no tokens still meets the others, so that a peer which was
 // given tokens refuses its call instead of waiting for this rank's data.
 Status run_empty(Workspace& workspace) {
-  const std::uint64_t call = workspace.next_sequence();
-  const auto parity = static_cast<std::uint32_t>(call % 2);
-  workspace.publish(parity, 0, call + 1, &workspace.signature);
-  Backoff backoff = workspace.start_call();
-  return workspace.meet(parity, call + 1, workspace.signature, backoff, "call of no tokens");
+  Backoff backoff = workspace.publish_call();
+  return workspace.meet_call(backoff, "call of no tokens");
 }
 
 Status run_algorithm(Workspace& workspace, const arbiter_allreduce_args& args) {

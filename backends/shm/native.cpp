@@ -21,13 +21,10 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   const std::size_t bytes = elements * common::dtype_size(dtype);
 
   std::memcpy(workspace.twoshot_input(workspace.rank()), args.input, bytes);
-  const std::uint64_t call = workspace.next_sequence();
-  const auto parity = static_cast<std::uint32_t>(call % 2);
-  workspace.publish(parity, 0, call + 1, &workspace.signature);
+  Backoff backoff = workspace.publish_call();
   workspace.fault_point("shm.call.published");
-  Backoff backoff = workspace.start_call();
-  Status status = workspace.meet(parity, call + 1, workspace.signature, backoff,
-                                 "unfused input copy (the first step of the unfused path)");
+  Status status =
+      workspace.meet_call(backoff, "unfused input copy (the first step of the unfused path)");
   if (!status.ok()) return status;
   workspace.fault_point("shm.call.met");
 

@@ -27,13 +27,9 @@ Status run_oneshot_registered(Workspace& workspace, const arbiter_allreduce_args
   const std::int32_t ranks = workspace.world_size();
   const std::size_t row_bytes = std::size_t{args.hidden} * common::dtype_size(workspace.dtype());
   const std::size_t chunk_tokens = oneshot_chunk_tokens(row_bytes);
-  const std::uint64_t call = workspace.next_sequence();
-  const auto parity = static_cast<std::uint32_t>(call % 2);
-  workspace.publish(parity, 0, call + 1, &workspace.signature);
+  Backoff backoff = workspace.publish_call();
   workspace.fault_point("shm.call.published");
-  Backoff backoff = workspace.start_call();
-  Status status =
-      workspace.meet(parity, call + 1, workspace.signature, backoff, "registered one-shot input");
+  Status status = workspace.meet_call(backoff, "registered one-shot input");
   if (!status.ok()) return status;
   workspace.fault_point("shm.call.met");
   float* row = workspace.row_scratch(args.hidden);

@@ -125,13 +125,9 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args,
     std::memcpy(copy + end * row_bytes, input + end * row_bytes, (args.tokens - end) * row_bytes);
     inputs = workspace.twoshot_inputs();
   }
-  const std::uint64_t call = workspace.next_sequence();
-  const auto parity = static_cast<std::uint32_t>(call % 2);
-  workspace.publish(parity, 0, call + 1, &workspace.signature);
+  Backoff backoff = workspace.publish_call();
   workspace.fault_point("shm.call.published");
-  Backoff backoff = workspace.start_call();
-  Status status =
-      workspace.meet(parity, call + 1, workspace.signature, backoff, "two-shot input copy");
+  Status status = workspace.meet_call(backoff, "two-shot input copy");
   if (!status.ok()) return status;
   workspace.fault_point("shm.call.met");
 

@@ -107,6 +107,17 @@ void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t v
   publish_and_wake(line, value, sleepers());
 }
 
+Backoff Workspace::publish_call() {
+  const std::uint64_t call = next_sequence();
+  publish(static_cast<std::uint32_t>(call % 2), 0, call + 1, &signature);
+  return start_call();
+}
+
+Status Workspace::meet_call(Backoff& backoff, const char* what) {
+  // `sequence` is the value publish_call() published: call + 1.
+  return meet(static_cast<std::uint32_t>((sequence - 1) % 2), sequence, signature, backoff, what);
+}
+
 Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::CallSignature& mine,
                        Backoff& backoff, const char* what) {
   // Every peer is awaited even once a difference is known: a rank leaves a

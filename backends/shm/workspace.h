@@ -130,6 +130,14 @@ class Workspace {
   Status meet(std::uint32_t parity, std::uint64_t value, const common::CallSignature& mine,
               Backoff& backoff, const char* what);
 
+  // An algorithm call that meets its peers once, on chunk 0's line (every
+  // algorithm but the copy path's one-shot, which publishes chunk by
+  // chunk): publish_call() takes the next sequence number, publishes it with
+  // this call's signature and starts the call's backoff (publishing first,
+  // so peers wait least); meet_call() then meets every peer on it.
+  Backoff publish_call();
+  Status meet_call(Backoff& backoff, const char* what);
+
   // Waits until every rank has reached the same barrier (flags cycling
   // through three values). `what` names the barrier in errors.
   Status barrier(Backoff& backoff, const char* what);
