@@ -4,16 +4,11 @@
 // unlinks the name. As workspace creation does, with less to agree on.
 #include "registered.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <random>
+
+#include "shm_object.h"
 
 namespace arbiter::shm {
 
@@ -32,68 +27,8 @@ struct Report {
   char message[kTextBytes];
 };
 
-void copy_text(char* out, std::size_t size, const std::string& text) {
-  const std::size_t n = std::min(text.size(), size - 1);
-  std::memcpy(out, text.data(), n);
-  out[n] = '\0';
-}
-
-std::string errno_text(const std::string& call) { return call + ": " + std::strerror(errno); }
-
-std::string oob_text(const arbiter_oob& oob, std::int32_t code, const char* step) {
-  const char* reason = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
-  return std::string("shm alloc: oob ") + step + " failed (code " + std::to_string(code) +
-         "): " + (reason && *reason ? reason : "no reason given");
-}
-
-Status create_object(std::uint64_t total, std::string& name, void** base) {
-  std::random_device random;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    char suffix[17];
-    std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
-    name = std::string("/arbiter-shm-reg-") + suffix;
-    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno != EEXIST) return {ARBITER_UNAVAILABLE, errno_text("shm_open")};
-  }
-  if (fd < 0) return {ARBITER_UNAVAILABLE, "shm_open: no free name after 16 attempts"};
-  Status status;
-  if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
-    status = {ARBITER_UNAVAILABLE, errno_text("ftruncate")};
-  } else if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(total));
-             error != 0 && error != EOPNOTSUPP && error != EINVAL) {
-    // Reserve now: on a full /dev/shm a first touch would raise SIGBUS.
-    status = {ARBITER_UNAVAILABLE, "posix_fallocate(" + std::to_string(total) +
-                                       " bytes) on /dev/shm: " + std::strerror(error) +
-                                       " (free space in /dev/shm, or allocate less)"};
-  } else if (*base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-             *base == MAP_FAILED) {
-    *base = nullptr;
-    status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
-  }
-  close(fd);
-  if (!status.ok()) shm_unlink(name.c_str());
-  return status;
-}
-
-Status map_object(const std::string& name, std::uint64_t total, void** base) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return {ARBITER_UNAVAILABLE, errno_text("shm_open(" + name + ")")};
-  struct stat info {};
-  Status status;
-  if (fstat(fd, &info) != 0) {
-    status = {ARBITER_UNAVAILABLE, errno_text("fstat")};
-  } else if (static_cast<std::uint64_t>(info.st_size) != total) {
-    status = {ARBITER_MISMATCH, name + " has " + std::to_string(info.st_size) +
-                                    " bytes, this rank expected " + std::to_string(total) +
-                                    " (every rank must allocate the same size)"};
-  } else if (*base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-             *base == MAP_FAILED) {
-    *base = nullptr;
-    status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
-  }
-  close(fd);
-  return status;
+Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
+  return shm::oob_failed(oob, code, "shm alloc", step);
 }
 
 }  // namespace
@@ -122,41 +57,45 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
     Announcement announcement{};
     std::string name;
     if (oob.rank == 0) {
-      const Status created = create_object(total, name, &base);
+      const Status created = create_shm_object(
+          "/arbiter-shm-reg-", total, " (free space in /dev/shm, or allocate less)", name, &base);
       announcement.status = created.code();
-      copy_text(announcement.name, sizeof announcement.name, name);
-      copy_text(announcement.message, kTextBytes, created.message());
+      copy_text(announcement.name, name);
+      copy_text(announcement.message, created.message());
     }
     std::int32_t code = oob.broadcast(oob.ctx, &announcement, sizeof announcement, 0, timeout_ms);
     if (code != ARBITER_OK) {
       if (base != nullptr) munmap(base, total);
       if (oob.rank == 0 && announcement.status == ARBITER_OK) shm_unlink(name.c_str());
-      return {static_cast<arbiter_status>(code), oob_text(oob, code, "broadcast of the name")};
+      return oob_failed(oob, code, "broadcast of the name");
     }
     if (announcement.status != ARBITER_OK) {
       return {static_cast<arbiter_status>(announcement.status),
               "shm alloc: rank 0 could not create " + std::to_string(total) +
-                  " bytes of shared memory: " + announcement.message};
+                  " bytes of shared memory: " + read_text(announcement.message)};
     }
-    name = announcement.name;
+    name = read_text(announcement.name);
     Report report{};
     if (oob.rank != 0) {
-      const Status mapped = map_object(name, total, &base);
+      const Status mapped = map_shm_object(name, total, ARBITER_MISMATCH,
+                                           "this rank expected " + std::to_string(total) +
+                                               " (every rank must allocate the same size)",
+                                           &base);
       report.status = mapped.code();
-      copy_text(report.message, kTextBytes, mapped.message());
+      copy_text(report.message, mapped.message());
     }
     std::vector<Report> reports(ranks);
     code = oob.allgather(oob.ctx, &report, reports.data(), sizeof(Report), timeout_ms);
     if (oob.rank == 0) shm_unlink(name.c_str());  // everyone holds it, or gave up
     Status failed;
     if (code != ARBITER_OK) {
-      failed = {static_cast<arbiter_status>(code), oob_text(oob, code, "allgather of results")};
+      failed = oob_failed(oob, code, "allgather of results");
     }
     for (std::uint64_t r = 0; r < ranks && failed.ok(); ++r) {
       if (reports[r].status != ARBITER_OK) {
         failed = {static_cast<arbiter_status>(reports[r].status),
                   "shm alloc: rank " + std::to_string(r) + " could not map " + name + ": " +
-                      reports[r].message};
+                      read_text(reports[r].message)};
       }
     }
     if (!failed.ok()) {

@@ -11,19 +11,14 @@
 //      a call waiting on a peer that died returns within milliseconds.
 // A failure anywhere fails creation on every rank, with the failing rank and
 // its reason in the message. Every oob call carries spec.timeout_ms.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +26,7 @@
 #include "arbiter/common/liveness.h"
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
+#include "shm_object.h"
 #include "workspace.h"
 
 namespace arbiter::shm {
@@ -72,20 +68,6 @@ struct Report {
   char message[kTextBytes];
 };
 
-template <std::size_t N>
-void copy_text(char (&destination)[N], const std::string& text) {
-  const std::size_t length = std::min(text.size(), N - 1);
-  std::memcpy(destination, text.data(), length);
-  destination[length] = '\0';
-}
-
-template <std::size_t N>
-std::string read_text(const char (&source)[N]) {
-  return std::string(source, strnlen(source, N));
-}
-
-std::string errno_text(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
-
 // Hostname plus boot id: two machines (or containers on two machines) with
 // the same hostname still differ.
 std::string host_identity() {
@@ -97,11 +79,7 @@ std::string host_identity() {
 }
 
 Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
-  const bool known = code > ARBITER_OK && code <= ARBITER_INTERNAL;
-  const char* reason = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
-  return {known ? static_cast<arbiter_status>(code) : ARBITER_INTERNAL,
-          std::string("shm workspace creation: oob ") + step + " failed (code " +
-              std::to_string(code) + "): " + (reason ? reason : "no reason given")};
+  return shm::oob_failed(oob, code, "shm workspace creation", step);
 }
 
 // Also chooses this rank's kernels (ARBITER_SHM_ISA).
@@ -219,60 +197,19 @@ void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec&
 // failure neither exists any more.
 Status create_object(const Layout& layout, const arbiter_workspace_spec& spec, std::string& name,
                      void** base) {
-  std::random_device random;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    char suffix[17];
-    std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
-    name = std::string(kNamePrefix) + suffix;
-    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno != EEXIST) return {ARBITER_UNAVAILABLE, errno_text("shm_open")};
-  }
-  if (fd < 0) return {ARBITER_UNAVAILABLE, "shm_open: no free name after 16 attempts"};
-  Status status;
-  if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
-    status = {ARBITER_UNAVAILABLE, errno_text("ftruncate")};
-  } else if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(layout.total));
-             error != 0 && error != EOPNOTSUPP && error != EINVAL) {
-    // Reserve the pages now: on a full /dev/shm a later first touch would
-    // kill the process with SIGBUS instead of failing here.
-    status = {ARBITER_UNAVAILABLE, "posix_fallocate(" + std::to_string(layout.total) +
-                                       " bytes) on /dev/shm: " + std::strerror(error)};
-  } else {
-    *base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (*base == MAP_FAILED) {
-      *base = nullptr;
-      status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
-    } else {
-      fill_header(*base, layout, spec);
-    }
-  }
-  close(fd);
-  if (!status.ok()) shm_unlink(name.c_str());
+  Status status = create_shm_object(kNamePrefix, layout.total, "", name, base);
+  if (status.ok()) fill_header(*base, layout, spec);
   return status;
 }
 
 // Step 3 on ranks other than 0.
 Status map_object(const std::string& name, const Layout& layout, const arbiter_workspace_spec& spec,
                   void** base) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return {ARBITER_UNAVAILABLE, errno_text(("shm_open(" + name + ")").c_str())};
-  struct stat info {};
-  Status status;
-  if (fstat(fd, &info) != 0) {
-    status = {ARBITER_UNAVAILABLE, errno_text("fstat")};
-  } else if (static_cast<std::size_t>(info.st_size) != layout.total) {
-    status = {ARBITER_INTERNAL, name + " has " + std::to_string(info.st_size) +
-                                    " bytes, expected " + std::to_string(layout.total)};
-  } else {
-    *base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (*base == MAP_FAILED) {
-      *base = nullptr;
-      status = {ARBITER_UNAVAILABLE, errno_text("mmap")};
-    }
+  if (Status status = map_shm_object(name, layout.total, ARBITER_INTERNAL,
+                                     "expected " + std::to_string(layout.total), base);
+      !status.ok()) {
+    return status;
   }
-  close(fd);
-  if (!status.ok()) return status;
   const auto* header = static_cast<const SharedHeader*>(*base);
   if (header->magic != kMagic || header->layout_version != kLayoutVersion ||
       header->world_size != spec.world_size || header->dtype != spec.dtype ||
@@ -293,7 +230,7 @@ Status create_private(const arbiter_oob& oob, const Layout& layout,
       mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
     const std::string call = "mmap of " + std::to_string(layout.total) + " private bytes";
-    return {ARBITER_UNAVAILABLE, "shm workspace creation: " + errno_text(call.c_str())};
+    return {ARBITER_UNAVAILABLE, "shm workspace creation: " + errno_text(call)};
   }
   fill_header(base, layout, spec);
   try {
