@@ -37,7 +37,7 @@ struct RegisteredArea {
 // Every communicator's registered areas in this process, to name the misuse
 // of passing one communicator's memory to another. Consulted only when a
 // call's input is not in its own communicator's areas and some other
-// communicator has areas (`g_registered_elsewhere` counts them all).
+// communicator has areas (`g_registered_count` counts them all).
 std::mutex g_registered_mutex;
 std::vector<std::pair<const void*, RegisteredArea>> g_registered;
 std::atomic<std::size_t> g_registered_count{0};

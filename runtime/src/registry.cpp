@@ -257,21 +257,17 @@ const arbiter_backend_faults_v1_t* Registry::faults(Backend backend) const {
   return m != nullptr && m->available ? m->faults : nullptr;
 }
 
+const arbiter_backend_memory_v2_t* Registry::memory(Backend backend) const {
+  const ModuleInfo* m = info(backend);
+  return m != nullptr && m->available ? m->memory : nullptr;
+}
+
 std::uint32_t Registry::available_mask() const {
   std::uint32_t mask = 0;
   for (int b = 0; b < kBackendCount; ++b) {
     if (impl_->by_backend[b]) mask |= 1u << b;
   }
   return mask;
-}
-
-}  // namespace arbiter
-
-namespace arbiter {
-
-const arbiter_backend_memory_v2_t* Registry::memory(Backend backend) const {
-  const ModuleInfo* m = info(backend);
-  return m != nullptr && m->available ? m->memory : nullptr;
 }
 
 }  // namespace arbiter
