@@ -17,7 +17,7 @@ int cmd_validate(const Args& args) {
   positional.add("file", -1);
   po::variables_map vm = parse(args, desc, &positional);
   if (vm.count("help")) {
-    std::cout << "usage: arbiter validate FILE...\n"
+    std::cout << "usage: arbiter validate FILE...   (a FILE may be preset:NAME)\n"
                  "exit 0: every file is valid; 1: some file is not; 2: usage error\n\n"
               << desc;
     return kExitOk;
@@ -27,7 +27,8 @@ int cmd_validate(const Args& args) {
   int invalid = 0, unreadable = 0;
   for (const std::string& path : vm["file"].as<std::vector<std::string>>()) {
     std::error_code ec;
-    if (!std::ifstream(path) || std::filesystem::is_directory(path, ec)) {
+    const bool preset = path.rfind(kPresetPrefix, 0) == 0;  // embedded: nothing to open
+    if (!preset && (!std::ifstream(path) || std::filesystem::is_directory(path, ec))) {
       std::cerr << path << ": error: cannot read the file (hint: give the path of a table file)\n";
       ++unreadable;
       continue;

@@ -273,7 +273,12 @@ BOOST_AUTO_TEST_CASE(presets_layer_by_name_and_diff_against_the_default) {
              r.output);
   r = run_arbiter("diff preset:default preset:vllm-nope");
   BOOST_TEST(r.exit_code == 2, r.output);
-  // Every preset also validates as a file (configs/presets/ is installed).
+  // Each validates by name, and as a file (configs/presets/ is installed).
+  r = run_arbiter("validate preset:vllm-main-2026-08-13 preset:default");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  r = run_arbiter("validate preset:vllm-nope");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "no preset named 'vllm-nope'"), r.output);
   for (const char* name : {"vllm-main-2026-08-13", "vllm-pr46392-2026-06-24"}) {
     r = run_arbiter("validate " + std::string(ARBITER_TEST_DATA) + "/../../configs/presets/" +
                     name + ".yaml");
@@ -319,5 +324,6 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
       run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" + std::string(ARBITER_PLUGIN_DIR) + " " +
                   ARBITER_BIN + " plugins");
   BOOST_TEST(broken.exit_code == 0, broken.output);
-  BOOST_TEST(contains(broken.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"), broken.output);
+  BOOST_TEST(contains(broken.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"),
+             broken.output);
 }

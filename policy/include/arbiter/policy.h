@@ -181,7 +181,8 @@ std::string_view embedded_default_yaml();
 // Presets: upstream tables shipped with arbiter (configs/presets/NAME.yaml,
 // dated and cited in their provenance), embedded in the library. Wherever a
 // table file is taken (LoadOptions::site_files, ARBITER_CONFIG, --config,
-// `arbiter diff`), `preset:NAME` names one instead of a path; it is then a
+// validate_file(), `arbiter diff` and `validate`), `preset:NAME` names one
+// instead of a path; it is then a
 // site layer like a file, reported as `presets/NAME.yaml`. `preset:default`
 // is the embedded default itself (no layer over it).
 inline constexpr std::string_view kPresetPrefix = "preset:";
