@@ -133,12 +133,12 @@ int cmd_diff(const Args& args) {
     // One node: with and without multicast (an NVL72 tray has it, an HGX
     // board not), which a preference list may tell apart; across nodes the
     // NVLink domain with multicast, the only multi-node topology that fuses.
+    // CPU ranks: one node, no multicast.
     std::vector<std::pair<std::uint32_t, bool>> topologies;
     for (std::uint32_t nodes : node_counts) {
-      if (nodes == 1 && !cap.is_cpu()) topologies.push_back({1, false});
-      topologies.push_back({nodes, nodes > 1 || !cap.is_cpu()});
+      if (nodes == 1) topologies.push_back({1, false});
+      if (nodes > 1 || !cap.is_cpu()) topologies.push_back({nodes, true});
     }
-    if (cap.is_cpu()) topologies = {{1, false}};
     for (auto [nodes, multicast] : topologies) {
       // Same differences -> the (pattern, dtype) pairs that share them.
       std::map<std::string, std::map<int, std::set<int>>> groups;

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,9 +72,7 @@ struct Report {
 std::string host_identity() {
   char name[kNameBytes] = {};
   if (gethostname(name, sizeof name - 1) != 0) std::strcpy(name, "?");
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(name) + "/" + boot.substr(0, 8);
+  return std::string(name) + "/" + common::Liveness::boot_id().substr(0, 8);
 }
 
 Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 
 namespace arbiter {
 
@@ -14,9 +13,8 @@ constexpr auto kPollInterval = std::chrono::milliseconds(100);
 // FNV-1a of the kernel's boot_id: the same for every process of this boot
 // of this host (containers included), different on another host.
 std::uint64_t host_of_this_boot() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (!std::getline(in, id) || id.empty()) return 0;
+  const std::string id = common::Liveness::boot_id();
+  if (id.empty()) return 0;
   std::uint64_t h = 14695981039346656037ull;
   for (const char c : id) {
     h ^= static_cast<unsigned char>(c);

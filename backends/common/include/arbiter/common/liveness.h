@@ -54,6 +54,10 @@ class Liveness {
 
   // This process's pid namespace (0 when it cannot be read).
   static std::uint64_t own_pid_namespace();
+  // This boot of this host's kernel (/proc/sys/kernel/random/boot_id; ""
+  // when unreadable): the same for every process on the host, containers
+  // included, and different on any other host.
+  static std::string boot_id();
 
  private:
   struct Peer {
@@ -91,6 +95,12 @@ inline std::uint64_t Liveness::own_pid_namespace() {
   struct stat info {};
   if (stat("/proc/self/ns/pid", &info) != 0) return 0;
   return static_cast<std::uint64_t>(info.st_ino) ^ (static_cast<std::uint64_t>(info.st_dev) << 32);
+}
+
+inline std::string Liveness::boot_id() {
+  std::string id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
+  return id;
 }
 
 inline Liveness::Liveness(std::int32_t self, const std::vector<std::int32_t>& pids,
