@@ -156,7 +156,7 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
       if (k == 0) return std::string("unregistered memory");
       return "registered allocation #" + std::to_string(((k & ~kCopiedIn) >> 40) - 1) +
              " at offset " + std::to_string(k & ((std::uint64_t{1} << 40) - 1)) +
-             ((k & kCopiedIn) != 0 ? " (an output over it: copied in)" : "");
+             ((k & kCopiedIn) != 0 ? " (copied in: the unfused path, or an output over it)" : "");
     };
     return {ARBITER_MISMATCH,
             "shm rank " + std::to_string(rank_) + ": " +
