@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -314,6 +315,7 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
     void (*odd)(arbiter_allreduce_args&, Buffers&);
     bool norm;
     std::uint32_t tokens;
+    bool registered = false;  // every rank's input in `area` (alloc_registered), odd() aside
   };
   const Case cases[] = {
       {"tokens 8 vs 4", [](arbiter_allreduce_args& a, Buffers&) { a.tokens = 4; }, false, 8},
@@ -330,7 +332,20 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
       {"hidden 1024 vs 512", [](arbiter_allreduce_args& a, Buffers&) { a.hidden = 512; }, false, 4},
       {"dtype fp32 vs bf16",
        [](arbiter_allreduce_args& a, Buffers&) { a.dtype = ARBITER_DTYPE_BF16; }, false, 4},
+      {"input registered vs ordinary memory",
+       [](arbiter_allreduce_args& a, Buffers& b) { a.input = b.input.data(); }, false, 4, true},
+      {"input at another offset of the registered memory",
+       [](arbiter_allreduce_args& a, Buffers&) {
+         a.input = static_cast<const float*>(a.input) + kHidden;
+       },
+       false, 4, true},
   };
+  // Registered memory (Communicator::alloc_registered) for the last cases.
+  void* area = nullptr;
+  if (const auto r = comm->alloc_registered(std::uint64_t{kMaxTokens} * kHidden * 4, &area);
+      r.status != ARBITER_OK) {
+    say(rank, "alloc_registered failed: " + r.error);
+  }
   const bool check_mode = comm->check_calls();
   int call = 0;
   for (const Case& c : cases) {
@@ -339,6 +354,10 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
     if (!check_mode && std::string(c.name).rfind("dtype", 0) == 0) continue;
     Buffers b;
     arbiter_allreduce_args a = c.norm ? b.norm(rank, c.tokens) : b.allreduce(rank, 0, c.tokens);
+    if (c.registered) {
+      std::memcpy(area, b.input.data(), b.input.size() * sizeof(float));
+      a.input = area;
+    }
     if (odd) c.odd(a, b);
     const auto started = Clock::now();
     const auto r = comm->allreduce_fusion(a, nullptr);
