@@ -4,7 +4,9 @@
 // only a wait past a millisecond sleeps, on a futex the peer's publish wakes
 // (futex.h): no sleep on the fast path, where a timed nap costs 50+ us of
 // timer slack. CI runs 8 ranks on 2 cores, so a rank that only spins keeps
-// the rank it waits for off the CPU.
+// the rank it waits for off the CPU. ARBITER_SHM_WAIT=spin (wait_policy.h)
+// skips the yields instead, for a host where a co-tenant, not a peer, would
+// take the core.
 //
 // A peer last seen on this rank's own CPU cannot make progress while this
 // rank spins: such a wait skips the spin and yields at once. That is the
@@ -32,6 +34,7 @@
 #include "arbiter/common/liveness.h"
 #include "futex.h"
 #include "shared_layout.h"
+#include "wait_policy.h"
 
 namespace arbiter::shm {
 
@@ -50,16 +53,18 @@ class Backoff {
   // `sleepers` counts the ranks asleep on a futex (futex.h). `cpus`
   // (optional) holds one word per rank, kLine apart: (CPU + 1) of where that
   // rank last started a call, or 0; `my_cpu` is ours, likewise. `liveness`
-  // (optional) watches the peer processes.
+  // (optional) watches the peer processes. `policy` says what follows the
+  // first spin (wait_policy.h).
   Backoff(Clock::time_point deadline, std::uint32_t* fault, std::uint32_t* sleepers,
           const std::byte* cpus = nullptr, std::uint32_t my_cpu = 0,
-          const common::Liveness* liveness = nullptr)
+          const common::Liveness* liveness = nullptr, WaitPolicy policy = WaitPolicy::kYield)
       : deadline_(deadline),
         fault_(fault),
         sleepers_(sleepers),
         cpus_(cpus),
         my_cpu_(my_cpu),
-        liveness_(liveness) {}
+        liveness_(liveness),
+        policy_(policy) {}
 
   // Call after each poll that found nothing new. Long waits sleep until
   // *word != still (the peer's publish wakes them), at most a millisecond at
@@ -90,7 +95,13 @@ class Backoff {
       if (dead_peer_ >= 0) return WaitState::kPeerDied;
     }
     if (phase_ == Phase::kSpin) {
-      if (waited >= kSpinFor) phase_ = Phase::kYield;
+      // kSpin keeps the core (a co-tenant would hold it for a time slice)
+      // and sleeps only once the peer is clearly not coming soon.
+      if (policy_ == WaitPolicy::kSpin) {
+        if (waited >= kYieldFor) phase_ = Phase::kNap;
+      } else if (waited >= kSpinFor) {
+        phase_ = Phase::kYield;
+      }
     } else if (phase_ == Phase::kYield) {
       sched_yield();
       if (waited >= kYieldFor) phase_ = Phase::kNap;
@@ -142,6 +153,7 @@ class Backoff {
   const std::byte* cpus_;
   std::uint32_t my_cpu_;
   const common::Liveness* liveness_;
+  WaitPolicy policy_;
   std::int32_t dead_peer_ = -1;
   Clock::time_point next_liveness_check_;
   std::uint32_t polls_ = 0;

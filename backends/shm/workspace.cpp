@@ -92,7 +92,7 @@ Backoff Workspace::start_call() {
       *reinterpret_cast<std::uint32_t*>(cpus + static_cast<std::size_t>(rank_) * kLine));
   if (word.load(std::memory_order_relaxed) != mine) word.store(mine, std::memory_order_relaxed);
   return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_), &header().fault,
-                 &header().sleepers, cpus, mine, liveness_.get());
+                 &header().sleepers, cpus, mine, liveness_.get(), wait_policy);
 }
 
 void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t value,

@@ -26,6 +26,7 @@
 #include "shared_layout.h"
 #include "status.h"
 #include "token_kernels.h"
+#include "wait_policy.h"
 
 namespace arbiter::shm {
 
@@ -172,6 +173,9 @@ class Workspace {
   // The current call's registered-input key (SequenceWord::registered),
   // published and compared with the signature; 0 for unregistered calls.
   std::uint64_t registered_key = 0;
+  // How this rank's waits behave past their first spin (ARBITER_SHM_WAIT,
+  // read once at creation).
+  WaitPolicy wait_policy = WaitPolicy::kYield;
   static constexpr std::uint64_t kCopiedIn = std::uint64_t{1} << 63;
   // Registered memory (registered.h) and the oob it is allocated over (the
   // host keeps it valid until workspace_destroy()).

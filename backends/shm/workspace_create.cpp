@@ -79,9 +79,10 @@ Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
   return shm::oob_failed(oob, code, "shm workspace creation", step);
 }
 
-// Also chooses this rank's kernels (ARBITER_SHM_ISA).
+// Also chooses this rank's kernels (ARBITER_SHM_ISA) and wait policy
+// (ARBITER_SHM_WAIT).
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
-                  const TokenKernels** kernels) {
+                  const TokenKernels** kernels, WaitPolicy* wait_policy) {
   if (spec.world_size < 1 || spec.world_size > kMaxWorldSize) {
     return {ARBITER_UNSUPPORTED, "world size " + std::to_string(spec.world_size) +
                                      " is outside the 1..63 this backend supports"};
@@ -108,6 +109,10 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
             "shm is single-node only; spec.nodes is " + std::to_string(spec.nodes)};
   }
   if (const Status chosen = choose_token_kernels(std::getenv("ARBITER_SHM_ISA"), kernels);
+      !chosen.ok()) {
+    return chosen;
+  }
+  if (const Status chosen = choose_wait_policy(std::getenv("ARBITER_SHM_WAIT"), wait_policy);
       !chosen.ok()) {
     return chosen;
   }
@@ -251,7 +256,8 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   // 1. Parameters and local verdicts.
   Hello hello{};
   const TokenKernels* kernels = &kScalarKernels;
-  const Status local = check_spec(oob, spec, &kernels);
+  WaitPolicy wait_policy = WaitPolicy::kYield;
+  const Status local = check_spec(oob, spec, &kernels, &wait_policy);
   hello.status = local.code();
   hello.rank = oob.rank;
   hello.world_size = spec.world_size;
@@ -277,6 +283,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 
   // A group of one shares nothing: private memory, no /dev/shm object.
   if (spec.world_size == 1) return create_private(oob, layout, spec, *kernels, out);
+  // (One rank never waits: its policy does not matter.)
 
   // 2. Rank 0 creates; everyone learns the name or why there is none.
   Announcement announcement{};
@@ -340,6 +347,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     *out = new Workspace(base, layout, spec.rank, spec.world_size, spec.dtype, timeout, *kernels,
                          std::make_unique<common::Liveness>(spec.rank, pids, namespaces));
     (*out)->oob = &oob;
+    (*out)->wait_policy = wait_policy;
   } catch (...) {
     munmap(base, layout.total);
     throw;

@@ -560,3 +560,32 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
     }
   }
 }
+
+// ARBITER_SHM_WAIT picks the wait policy (wait_policy.h); a value that is
+// none is refused at creation on every rank, with the variable and the
+// choices in the message, and leaves nothing in /dev/shm. (The contracts
+// above, deadlines, aborts and dead peers, run under each policy: ctest runs
+// this suite again with ARBITER_SHM_WAIT=spin.)
+BOOST_AUTO_TEST_CASE(an_unknown_wait_policy_is_refused_on_every_rank) {
+  const char* before = std::getenv("ARBITER_SHM_WAIT");
+  const std::string kept = before == nullptr ? "" : before;
+  setenv("ARBITER_SHM_WAIT", "busy", 1);
+  run_with_victim(2, -1, {}, [](int, const arbiter_oob& oob) -> std::string {
+    std::string problem;
+    arbiter_workspace* workspace = create(oob, 5000, problem);
+    if (workspace != nullptr) {
+      shm().workspace_destroy(workspace);
+      return "workspace_create accepted ARBITER_SHM_WAIT=busy";
+    }
+    if (!contains(problem, "ARBITER_SHM_WAIT='busy' is not a wait policy; use yield") ||
+        !contains(problem, "or spin")) {
+      return "unclear refusal: " + problem;
+    }
+    return "";
+  });
+  if (before == nullptr) {
+    unsetenv("ARBITER_SHM_WAIT");
+  } else {
+    setenv("ARBITER_SHM_WAIT", kept.c_str(), 1);
+  }
+}
