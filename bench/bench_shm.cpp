@@ -8,12 +8,21 @@
 //                                                 [--hidden 1024] [--trials 15]
 //                                                 [--load N] [--baseline MODULE]
 // --load N: rank 0 keeps N busy processes (a spin loop each) running for
-// the whole run, for figures on a loaded host.
+// the whole run, for figures on a loaded host. Their progress is measured
+// too: rank 0 prints `# cotenant,BYTES,METHOD,Miter_per_s` after each
+// method (the busy processes' iterations per second, summed, while that
+// method was timed), and `# cotenant,0,idle,...` once while the ranks sleep.
+// arbiter-bench-shm-mpi (built where CMake finds MPI) also times
+// MPI_Allreduce of the same bytes (fp32) as method mpi_allreduce_fp32; run it
+// under `mpirun -np N` (see FUSED.md).
 // --baseline MODULE: another build of libarbiter-shm.so (say, of the commit
 // before a change) timed in the same run, its trials interleaved with the
 // current module's so that both see the same machine: each fused method
 // gets a second row, METHOD@baseline. A machine whose speed swings 2-4x
 // between minutes can still compare two builds this way.
+// --baseline-wait POLICY: the same, against this module with its second
+// workspace created under ARBITER_SHM_WAIT=POLICY (an A/B of wait policies
+// in one run; the registered methods are not timed against it).
 // Rank 0 prints a CSV: world_size, bytes (per rank), num_tokens, method,
 // latency_us (median over trials of the slowest rank's per-call time, calls
 // back to back), effective_GBps (bytes / latency), p90_us. Methods:
@@ -42,11 +51,15 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arbiter/bootstrap.h"
 #include "arbiter/registry.h"
 #include "arbiter/size.h"
+#if defined(ARBITER_BENCH_MPI)
+#include "mpi_baseline.h"
+#endif
 
 namespace {
 
@@ -57,8 +70,9 @@ struct Options {
   std::uint64_t to = 64 * arbiter::kMiB;
   std::uint32_t hidden = 1024;
   int trials = 15;
-  int load = 0;          // busy processes rank 0 keeps running for the whole run
-  std::string baseline;  // another shm module, timed alongside
+  int load = 0;               // busy processes rank 0 keeps running for the whole run
+  std::string baseline;       // another shm module, timed alongside
+  std::string baseline_wait;  // or this module under another ARBITER_SHM_WAIT
 };
 
 [[noreturn]] void die(const std::string& message) {
@@ -91,8 +105,14 @@ Options parse(int argc, char** argv) {
       o.load = std::stoi(value());
     else if (a == "--baseline")
       o.baseline = value();
+    else if (a == "--baseline-wait")
+      o.baseline_wait = value();
     else
-      die("unknown option " + a + " (--from, --to, --hidden, --trials, --load, --baseline)");
+      die("unknown option " + a +
+          " (--from, --to, --hidden, --trials, --load, --baseline, --baseline-wait)");
+  }
+  if (!o.baseline.empty() && !o.baseline_wait.empty()) {
+    die("--baseline and --baseline-wait compare against one thing each: give one of them");
   }
   if (o.hidden == 0 || o.trials < 3 || o.from > o.to || o.load < 0 || o.load > 64) {
     die("bad options");
@@ -191,17 +211,27 @@ std::vector<double> pingpong(arbiter::Bootstrap& boot, int trials) {
 
 // `count` processes that spin on the CPU until this object goes away, so
 // that figures under load are reproducible (a host never idle: tokenizers,
-// the scheduler, other workers). Each also dies with its parent.
+// the scheduler, other workers). Each also dies with its parent, and counts
+// its iterations in a shared word, so that a wait policy's cost to them is
+// measured too.
 class BusyProcesses {
  public:
   explicit BusyProcesses(int count) {
+    if (count == 0) return;
+    void* area = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED) die("--load: mmap failed");
+    counters_ = static_cast<std::uint64_t*>(area);
     for (int i = 0; i < count; ++i) {
       const pid_t pid = fork();
       if (pid < 0) die("--load: fork failed");
       if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        volatile std::uint64_t spin = 0;
-        for (;;) spin = spin + 1;
+        std::atomic_ref<std::uint64_t> counter(counters_[i * 8]);  // a line each
+        for (;;) {
+          volatile std::uint64_t spin = 0;
+          for (int k = 0; k < 4096; ++k) spin = spin + 1;
+          counter.fetch_add(4096, std::memory_order_relaxed);
+        }
       }
       children_.push_back(pid);
     }
@@ -209,12 +239,46 @@ class BusyProcesses {
   ~BusyProcesses() {
     for (pid_t pid : children_) kill(pid, SIGKILL);
     for (pid_t pid : children_) waitpid(pid, nullptr, 0);
+    if (counters_ != nullptr) munmap(counters_, 4096);
+  }
+  bool any() const { return !children_.empty(); }
+  // Iterations of every busy process so far.
+  std::uint64_t iterations() const {
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < children_.size(); ++i) {
+      sum += std::atomic_ref<std::uint64_t>(counters_[i * 8]).load(std::memory_order_relaxed);
+    }
+    return sum;
   }
   BusyProcesses(const BusyProcesses&) = delete;
   BusyProcesses& operator=(const BusyProcesses&) = delete;
 
  private:
   std::vector<pid_t> children_;
+  std::uint64_t* counters_ = nullptr;
+};
+
+// The busy processes' iterations per second (millions) between start() and
+// rate(); nothing without busy processes.
+class CotenantMeter {
+ public:
+  explicit CotenantMeter(const BusyProcesses* load) : load_(load) {}
+  void start() {
+    if (load_ == nullptr || !load_->any()) return;
+    at_ = Clock::now();
+    count_ = load_->iterations();
+  }
+  void print(std::uint64_t bytes, const char* method) const {
+    if (load_ == nullptr || !load_->any()) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - at_).count();
+    std::printf("# cotenant,%llu,%s,%.1f\n", static_cast<unsigned long long>(bytes), method,
+                static_cast<double>(load_->iterations() - count_) / seconds / 1e6);
+  }
+
+ private:
+  const BusyProcesses* load_;
+  Clock::time_point at_{};
+  std::uint64_t count_ = 0;
 };
 
 // Times one shape in every method and memcpy; rank 0 prints the rows.
@@ -257,6 +321,9 @@ class Runner {
   }
 
   static constexpr std::uint32_t kShapeHidden = 4096;
+
+  // The busy processes to measure beside each method (rank 0's; none elsewhere).
+  void measure_load(const BusyProcesses* load) { load_ = load; }
 
   void shape(std::uint32_t tokens, std::uint32_t hidden) {
     const std::uint64_t bytes = std::uint64_t{tokens} * hidden * 2;
@@ -303,6 +370,8 @@ class Runner {
         return true;
       };
       std::vector<double> times, baseline_times;
+      CotenantMeter meter(load_);
+      meter.start();
       if (baseline_ != nullptr && !m.registered) {
         time_pair(
             bytes, [&] { return call_on(shm_, ws_); },
@@ -317,12 +386,22 @@ class Runner {
         }
         continue;
       }
+      if (boot_.rank() == 0) meter.print(bytes, m.name);
       print(bytes, tokens, m.name, summary_of_max(boot_, times));
       if (baseline_ != nullptr && !m.registered) {
         print(bytes, tokens, (std::string(m.name) + "@baseline").c_str(),
               summary_of_max(boot_, baseline_times));
       }
     }
+#if defined(ARBITER_BENCH_MPI)
+    {
+      CotenantMeter meter(load_);
+      meter.start();
+      std::vector<double> mpi_times = time_calls(bytes, [&] { return mpi_(bytes); });
+      if (boot_.rank() == 0) meter.print(bytes, "mpi_allreduce_fp32");
+      print(bytes, tokens, "mpi_allreduce_fp32", summary_of_max(boot_, mpi_times));
+    }
+#endif
     // memcpy of the same bytes, all ranks at once, for the machine's bandwidth.
     std::vector<double> times = time_calls(bytes, [&] {
       std::memcpy(copy_dst_.data(), input_.data(), bytes);
@@ -386,12 +465,20 @@ class Runner {
   arbiter_workspace* baseline_ws_;
   const arbiter_backend_memory_v2_t* memory_;  // nullptr: a v1 module, no registered rows
   void* registered_ = nullptr;
+  const BusyProcesses* load_ = nullptr;
+#if defined(ARBITER_BENCH_MPI)
+  arbiter_bench::MpiAllreduce mpi_{opt_.to};
+#endif
   std::vector<std::uint16_t> input_, residual_, residual_out_, norm_out_, gamma_, copy_dst_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(ARBITER_BENCH_MPI)
+  MPI_Init(&argc, &argv);
+  arbiter_bench::rendezvous_from_mpi();
+#endif
   const Options opt = parse(argc, argv);
   arbiter::Bootstrap boot = arbiter::Bootstrap::from_environment();
   arbiter::DiscoverOptions discover = arbiter::DiscoverOptions::from_environment();
@@ -427,17 +514,44 @@ int main(int argc, char** argv) {
     if (baseline->workspace_create(boot.oob(), &spec, &baseline_ws) != ARBITER_OK) {
       die(std::string("--baseline workspace_create: ") + baseline->last_error());
     }
+  } else if (!opt.baseline_wait.empty()) {
+    // The same module, its second workspace created under the other policy
+    // (the module reads ARBITER_SHM_WAIT at creation only).
+    const char* current = std::getenv("ARBITER_SHM_WAIT");
+    const std::string kept = current == nullptr ? "" : current;
+    setenv("ARBITER_SHM_WAIT", opt.baseline_wait.c_str(), 1);
+    baseline = shm;
+    if (baseline->workspace_create(boot.oob(), &spec, &baseline_ws) != ARBITER_OK) {
+      die(std::string("--baseline-wait workspace_create: ") + baseline->last_error());
+    }
+    if (current == nullptr) {
+      unsetenv("ARBITER_SHM_WAIT");
+    } else {
+      setenv("ARBITER_SHM_WAIT", kept.c_str(), 1);
+    }
   }
   Runner runner(boot, *shm, ws, opt, registry.memory(arbiter::Backend::kShm), baseline,
                 baseline_ws);
   const BusyProcesses load(boot.rank() == 0 ? opt.load : 0);
+  runner.measure_load(&load);
   if (boot.rank() == 0) {
     std::printf(
         "# arbiter-bench-shm: world_size=%d hidden=%u dtype=bf16 pattern=residual_rmsnorm "
-        "trials=%d load=%d baseline=%s\n",
+        "trials=%d load=%d wait=%s baseline=%s%s\n",
         boot.world_size(), hidden, opt.trials, opt.load,
-        opt.baseline.empty() ? "none" : opt.baseline.c_str());
+        std::getenv("ARBITER_SHM_WAIT") != nullptr ? std::getenv("ARBITER_SHM_WAIT") : "default",
+        opt.baseline_wait.empty() ? "" : "wait=",
+        !opt.baseline_wait.empty() ? opt.baseline_wait.c_str()
+        : opt.baseline.empty()     ? "none"
+                                   : opt.baseline.c_str());
     std::printf("world_size,bytes,num_tokens,method,latency_us,effective_GBps,p90_us\n");
+  }
+  if (load.any()) {
+    // The busy processes alone, the ranks asleep: what they get idle.
+    CotenantMeter idle(&load);
+    idle.start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    idle.print(0, "idle");
   }
   std::vector<double> round_trips = pingpong(boot, opt.trials);
   runner.print(8, 0, "pingpong", summary_of_max(boot, round_trips));
@@ -456,5 +570,8 @@ int main(int argc, char** argv) {
   runner.free_registered();
   shm->workspace_destroy(ws);
   if (baseline_ws != nullptr) baseline->workspace_destroy(baseline_ws);
+#if defined(ARBITER_BENCH_MPI)
+  MPI_Finalize();
+#endif
   return 0;
 }
