@@ -31,11 +31,13 @@
 // token slice only), registered_oneshot, registered_twoshot and
 // registered_twoshot_replicated (the same calls with the input in the
 // module's registered memory, ABI v2: read in place, no copy-in; not timed
-// against --baseline), separate_steps, memcpy (the same bytes, all ranks at
-// once), and once per run pingpong (a flag's round trip between ranks 0 and
-// 1 through shared memory: the floor of any wait on a peer). After the
-// power-of-two sweep at --hidden, a decode-shaped (1 x 4096) and a
-// prefill-shaped (4096 x 4096) row, where --to holds them.
+// against --baseline), registered_twoshot_owners (registered_twoshot_replicated
+// with residual_out and norm_out registered too: each rank writes its slice
+// in place and copies the others from their owners, nothing staged), separate_steps, memcpy (the
+// same bytes, all ranks at once), and once per run pingpong (a flag's round trip between ranks 0
+// and 1 through shared memory: the floor of any wait on a peer). After the power-of-two sweep at
+// --hidden, a decode-shaped (1 x 4096) and a prefill-shaped (4096 x 4096) row, where --to holds
+// them.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -307,7 +309,8 @@ class Runner {
     // The registered input: the same values in memory every rank maps.
     if (memory_ != nullptr) {
       void* area = nullptr;
-      if (memory_->alloc(ws_, opt.to, &area) != ARBITER_OK) {
+      // The input, then residual_out and norm_out for registered_twoshot_owners.
+      if (memory_->alloc(ws_, 3 * opt.to, &area) != ARBITER_OK) {
         die(std::string("registered alloc: ") + shm_.last_error());
       }
       registered_ = area;
@@ -332,6 +335,7 @@ class Runner {
       arbiter_algorithm algorithm;
       std::uint32_t flags;
       bool registered = false;
+      bool outputs_registered = false;
     };
     // Every rank's residual is the same here, as in tensor parallelism.
     const Method methods[] = {
@@ -342,6 +346,8 @@ class Runner {
         {"registered_twoshot", ARBITER_ALGORITHM_TWOSHOT, 0, true},
         {"registered_twoshot_replicated", ARBITER_ALGORITHM_TWOSHOT,
          ARBITER_RUN_RESIDUAL_REPLICATED, true},
+        {"registered_twoshot_owners", ARBITER_ALGORITHM_TWOSHOT, ARBITER_RUN_RESIDUAL_REPLICATED,
+         true, true},
         {"separate_steps", ARBITER_ALGORITHM_NATIVE, 0}};
     for (const Method& m : methods) {
       if (m.registered && registered_ == nullptr) continue;
@@ -358,6 +364,10 @@ class Runner {
       a.gamma = gamma_.data();
       a.eps = 1e-6f;
       a.norm_out = norm_out_.data();
+      if (m.outputs_registered) {
+        a.residual_out = static_cast<std::byte*>(registered_) + opt_.to;
+        a.norm_out = static_cast<std::byte*>(registered_) + 2 * opt_.to;
+      }
       bool skipped = false;
       auto call_on = [&](const arbiter_backend_v1_t& module, arbiter_workspace* ws) {
         const std::int32_t status =

@@ -13,6 +13,7 @@
 #include "arbiter/common/call_signature.h"
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
+#include "arbiter/common/rmsnorm.h"
 #include "arbiter/common/token_slice.h"
 #include "arbiter_backend.h"
 #include "status.h"
@@ -213,6 +214,7 @@ Status start_call(arbiter_workspace* handle, const arbiter_allreduce_args* args,
   if (Status status = check_run(workspace, args, *empty); !status.ok()) return status;
   workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
   workspace.registered_key = 0;
+  workspace.registered_outputs_key = 0;
   return {};
 }
 
@@ -243,6 +245,35 @@ bool output_over_input(const arbiter_allreduce_args& a, std::uint64_t bytes) {
     if (p != nullptr && p < begin + bytes && begin < p + o.bytes) return true;
   }
   return false;
+}
+
+// Whether every output of a replicated two-shot call lies in registered
+// memory: then `owners` holds every rank's outputs at the same offsets and
+// `*key` identifies them across ranks (mixing each output's
+// RegisteredMemory::key(), never 0). Otherwise the outputs are staged.
+bool locate_owner_outputs(const Workspace& workspace, const arbiter_allreduce_args& a,
+                          std::size_t row_bytes, OwnerOutputs& owners, std::uint64_t* key) {
+  const auto outputs = staged_outputs(a, row_bytes);
+  std::uint64_t mixed = 0;
+  std::string why;
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    std::byte* const local = outputs[k].buffer;
+    if (local == nullptr) {
+      for (std::int32_t q = 0; q < workspace.world_size(); ++q) owners.rows[k][q] = nullptr;
+      mixed = mixed * 0x9E3779B97F4A7C15ull;
+      continue;
+    }
+    const Allocation* allocation =
+        workspace.registered.find(local, std::uint64_t{a.tokens} * outputs[k].row_bytes, why);
+    if (allocation == nullptr) return false;
+    const auto offset = static_cast<std::uint64_t>(local - allocation->local);
+    for (std::int32_t q = 0; q < workspace.world_size(); ++q) {
+      owners.rows[k][q] = allocation->base + q * allocation->stride + offset;
+    }
+    mixed = (mixed ^ RegisteredMemory::key(*allocation, local)) * 0x9E3779B97F4A7C15ull;
+  }
+  *key = mixed | 1;
+  return true;
 }
 
 // A registered call (arbiter_backend_v2_memory): the checks of run(), then
@@ -282,17 +313,41 @@ std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_a
     if (a.algorithm == ARBITER_ALGORITHM_ONESHOT) {
       return run_oneshot_registered(workspace, a, inputs);
     }
+    // A replicated call whose outputs are registered too copies the other
+    // slices' outputs from their owners (the key says so, so a rank whose
+    // outputs are staged refuses instead of pairing).
+    OwnerOutputs owners;
+    const OwnerOutputs* from_owners = nullptr;
+    if (ranks > 1 && (a.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
+        common::pattern_has_norm(a.pattern) &&
+        locate_owner_outputs(workspace, a, row_bytes, owners, &workspace.registered_outputs_key)) {
+      from_owners = &owners;
+    }
     // Two-shot's sums and staged outputs go through the workspace: slices
     // of at most a slot, each reading its tokens of every input in place.
     const std::uint64_t slice_tokens = workspace.slot_bytes() / row_bytes;
-    if (a.tokens <= slice_tokens) return run_twoshot(workspace, a, inputs);
+    if (a.tokens <= slice_tokens) return run_twoshot(workspace, a, inputs, from_owners);
+    const auto full = staged_outputs(a, row_bytes);
     Status status;
     common::for_each_token_slice(a, slice_tokens, [&](const arbiter_allreduce_args& slice) {
       const auto shift =
           static_cast<const std::byte*>(slice.input) - static_cast<const std::byte*>(a.input);
       const std::byte* sliced[kMaxRanks];
       for (std::int32_t q = 0; q < ranks; ++q) sliced[q] = inputs[q] + shift;
-      status = run_twoshot(workspace, slice, sliced);
+      OwnerOutputs sliced_owners;
+      if (from_owners != nullptr) {
+        const auto part = staged_outputs(slice, row_bytes);
+        for (std::size_t k = 0; k < full.size(); ++k) {
+          const std::ptrdiff_t moved =
+              full[k].buffer == nullptr ? 0 : part[k].buffer - full[k].buffer;
+          for (std::int32_t q = 0; q < ranks; ++q) {
+            sliced_owners.rows[k][q] =
+                owners.rows[k][q] == nullptr ? nullptr : owners.rows[k][q] + moved;
+          }
+        }
+      }
+      status =
+          run_twoshot(workspace, slice, sliced, from_owners == nullptr ? nullptr : &sliced_owners);
       return status.ok();
     });
     return status;

@@ -78,6 +78,9 @@ struct SequenceWord {
   // (RegisteredMemory::key(), bit 63 set when the module copied it in after
   // all), 0 for a call on unregistered memory. Compared like `call`.
   std::uint64_t registered;
+  // Chunk 0 only: the registered outputs' key when a replicated two-shot
+  // reads its peers' outputs from their owners, else 0. Compared likewise.
+  std::uint64_t registered_outputs;
 };
 static_assert(sizeof(SequenceWord) <= kLine, "one sequence word per line");
 

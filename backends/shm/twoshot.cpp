@@ -33,16 +33,6 @@
 
 namespace arbiter::shm {
 
-namespace {
-
-// The outputs a replicated call stages (the index is the staging slot) and
-// the bytes of one token of each (`row_bytes` for the dtype's outputs);
-// NULL outputs are skipped.
-struct StagedOutput {
-  std::byte* buffer;
-  std::size_t row_bytes;
-};
-
 std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_args& args,
                                                         std::size_t row_bytes) {
   const bool quantized = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
@@ -51,6 +41,8 @@ std::array<StagedOutput, kStagedOutputs> staged_outputs(const arbiter_allreduce_
            {static_cast<std::byte*>(args.norm_out), row_bytes},
            {quantized ? static_cast<std::byte*>(args.quant_out) : nullptr, args.hidden}}};
 }
+
+namespace {
 
 // Tokens [first, end) of every output the call writes, copied into the
 // staging slots (`stage`) or back out of them.
@@ -70,7 +62,8 @@ void copy_staged(Workspace& workspace, const std::array<StagedOutput, kStagedOut
 }
 
 // The epilogue on this rank's slice [first, end), then the other slices'
-// outputs from their owners.
+// outputs from their owners: through the staging slots, or with `owners`
+// straight from the owners' registered outputs.
 // The slice goes through the kernel a one-shot chunk of tokens at a time,
 // each chunk's outputs staged right after it, while they are still in cache.
 // 1 MiB, 2 ranks, AVX2: the epilogue and staging took 173-179 us per call
@@ -78,7 +71,7 @@ void copy_staged(Workspace& workspace, const std::array<StagedOutput, kStagedOut
 // median 227 us against 233 end to end.
 Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& args,
                          const std::byte* const* inputs, std::size_t row_bytes, std::uint32_t first,
-                         std::uint32_t end, Backoff& backoff) {
+                         std::uint32_t end, const OwnerOutputs* owners, Backoff& backoff) {
   const std::int32_t ranks = workspace.world_size();
   const std::byte* const* rows =
       workspace.rows_for_kernels(inputs, args.input, first, end - first, row_bytes);
@@ -88,23 +81,39 @@ Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& arg
   for (std::uint32_t token = first; token < end; token += chunk_tokens) {
     const std::uint32_t stop = std::min(end, token + chunk_tokens);
     workspace.kernels().reduce_tokens(args, rows, ranks, token, stop - token, row);
-    copy_staged(workspace, outputs, token, stop, /*stage=*/true);
+    if (owners == nullptr) copy_staged(workspace, outputs, token, stop, /*stage=*/true);
   }
   workspace.fault_point("shm.call.barrier2");
-  Status status = workspace.barrier(backoff, "two-shot barrier 2 (slice outputs staged)");
+  Status status =
+      workspace.barrier(backoff, owners == nullptr ? "two-shot barrier 2 (slice outputs staged)"
+                                                   : "two-shot barrier 2 (slice outputs written)");
   if (!status.ok()) return status;
   for (std::int32_t q = 0; q < ranks; ++q) {
     if (q == workspace.rank()) continue;
-    copy_staged(workspace, outputs, common::slice_begin(args.tokens, ranks, q),
-                common::slice_end(args.tokens, ranks, q), /*stage=*/false);
+    const std::uint32_t begin = common::slice_begin(args.tokens, ranks, q);
+    const std::uint32_t stop = common::slice_end(args.tokens, ranks, q);
+    if (owners == nullptr) {
+      copy_staged(workspace, outputs, begin, stop, /*stage=*/false);
+      continue;
+    }
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      if (outputs[k].buffer == nullptr) continue;
+      const std::size_t offset = begin * outputs[k].row_bytes;
+      std::memcpy(outputs[k].buffer + offset, owners->rows[k][q] + offset,
+                  (stop - begin) * outputs[k].row_bytes);
+    }
   }
-  return {};
+  // The staged path needs no end barrier: the next call's meeting keeps the
+  // slots until every peer has copied. Registered outputs are the caller's
+  // as soon as this returns.
+  if (owners == nullptr) return {};
+  return workspace.barrier(backoff, "two-shot end barrier (peers copied this rank's outputs)");
 }
 
 }  // namespace
 
 Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args,
-                   const std::byte* const* inputs) {
+                   const std::byte* const* inputs, const OwnerOutputs* owners) {
   const arbiter_dtype dtype = workspace.dtype();
   const std::int32_t ranks = workspace.world_size();
   const std::uint32_t hidden = args.hidden;
@@ -133,7 +142,7 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args,
 
   if ((args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
       common::pattern_has_norm(args.pattern)) {
-    return finish_replicated(workspace, args, inputs, row_bytes, first, end, backoff);
+    return finish_replicated(workspace, args, inputs, row_bytes, first, end, owners, backoff);
   }
   std::byte* sums = workspace.sums();
   workspace.sum_inputs(

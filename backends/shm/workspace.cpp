@@ -104,6 +104,9 @@ void Workspace::publish(std::uint32_t parity, std::size_t chunk, std::uint64_t v
   // for the value, which cost 3-4% of a 4 KiB one-shot call.
   if (call != nullptr && !common::same_call(line->call, *call)) line->call = *call;
   if (call != nullptr && line->registered != registered_key) line->registered = registered_key;
+  if (call != nullptr && line->registered_outputs != registered_outputs_key) {
+    line->registered_outputs = registered_outputs_key;
+  }
   publish_and_wake(line, value, sleepers());
 }
 
@@ -129,6 +132,8 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
   common::CallSignature theirs{};
   std::int32_t registered_differs = -1;
   std::uint64_t their_key = 0;
+  std::int32_t outputs_differ = -1;
+  std::uint64_t their_outputs = 0;
   for (std::int32_t peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
     if (Status s = await_line(parity, peer, 0, value, backoff,
@@ -147,9 +152,30 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
       registered_differs = peer;
       their_key = key;
     }
+    if (outputs_differ < 0 && oneshot_sequence(parity, peer, 0)->registered_outputs !=
+                                  registered_outputs_key) [[unlikely]] {
+      outputs_differ = peer;
+      their_outputs = oneshot_sequence(parity, peer, 0)->registered_outputs;
+    }
   }
-  if (differs < 0 && registered_differs < 0) [[likely]] {
+  if (differs < 0 && registered_differs < 0 && outputs_differ < 0) [[likely]] {
     return {};
+  }
+  if (differs < 0 && registered_differs < 0) {
+    // Both nonzero: registered outputs in other allocations or offsets.
+    auto text = [](std::uint64_t k) {
+      return k == 0 ? std::string("outputs in ordinary memory (staged)")
+                    : "registered outputs (key " + std::to_string(k) + ")";
+    };
+    return {ARBITER_MISMATCH,
+            "shm rank " + std::to_string(rank_) + ": " +
+                common::mismatch_message(
+                    "the outputs' memory: rank " + std::to_string(outputs_differ) + " has " +
+                        text(their_outputs) + ", rank " + std::to_string(rank_) + " has " +
+                        text(registered_outputs_key) +
+                        " (a replicated two-shot call passes registered outputs, from the same "
+                        "allocations at the same offsets, on every rank or on none)",
+                    call)};
   }
   if (differs < 0) {
     auto text = [](std::uint64_t k) {

@@ -177,6 +177,9 @@ class Workspace {
   // read once at creation).
   WaitPolicy wait_policy = WaitPolicy::kYield;
   static constexpr std::uint64_t kCopiedIn = std::uint64_t{1} << 63;
+  // The current call's registered-outputs key (SequenceWord::registered_outputs):
+  // nonzero when a replicated two-shot copies outputs from their owners.
+  std::uint64_t registered_outputs_key = 0;
   // Registered memory (registered.h) and the oob it is allocated over (the
   // host keeps it valid until workspace_destroy()).
   RegisteredMemory registered;

@@ -25,6 +25,10 @@ torch dispatch mode is active, or x is a tensor subclass), so one model
 runs eager and compiled with fullgraph=True unchanged. The traced result's
 `decision` is None: the compiled graph runs later, deciding at each call by
 its size; Communicator.last_decision says what the latest call ran.
+
+empty(comm, shape, dtype) is Communicator.empty() for torch: a CPU tensor
+over registered memory, which the fast path and the op read in place
+(docs/registered-buffers.md).
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ import torch
 
 from . import _torch_tensors
 from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
+from .errors import ArbiterError, Status
 from .errors import invalid_argument as _invalid
-from .policy import Pattern, parse_pattern
+from .policy import Dtype, Pattern, parse_pattern
 
-__all__ = ["allreduce_fusion", "op"]
+__all__ = ["allreduce_fusion", "empty", "op"]
 
 _library = torch.library.Library("arbiter", "DEF")
 _library.define(
@@ -192,3 +197,51 @@ def allreduce_fusion(comm, x, residual=None, weight=None, *, eps=1e-6, pattern=N
     """comm.allreduce_fusion(...) for torch tensors, as a function."""
     return call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
                 residual_replicated)
+
+
+# --- registered memory ------------------------------------------------------
+
+_TORCH_DTYPES = {Dtype.FP16: torch.float16, Dtype.BF16: torch.bfloat16,
+                 Dtype.FP32: torch.float32}
+_DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def empty(comm, shape, dtype=None):
+    """Collective (every rank, same shape and dtype, same order): a new CPU
+    tensor, uninitialised, in registered memory that every rank maps, as
+    comm.empty() gives a numpy array. A call whose x (and outputs) are such
+    tensors, or views at the same offsets on every rank, reads them in place
+    through the fast path and the op alike.
+
+    dtype: a torch.dtype, "fp16"/"bf16"/"fp32", or None for the
+    communicator's. The tensor (and every view of it) keeps the allocation
+    alive, freed on this rank when the last dies; comm.close() refuses while
+    one lives. Only communicators on host memory have registered memory: a
+    CUDA communicator raises ArbiterError(UNSUPPORTED)."""
+    if comm.device >= 0:
+        raise ArbiterError(Status.UNSUPPORTED,
+                           f"arbiter.torch.empty(): this communicator runs on CUDA device "
+                           f"{comm.device}, which has no registered memory yet; allocate with "
+                           f"torch.empty(..., device='cuda:{comm.device}') (calls copy as usual)")
+    if dtype is None:
+        kind = _TORCH_DTYPES[comm.dtype]
+    elif isinstance(dtype, str) and dtype in _DTYPE_NAMES:
+        kind = _DTYPE_NAMES[dtype]
+    elif isinstance(dtype, torch.dtype):
+        kind = dtype
+    else:
+        raise _invalid(f"arbiter.torch.empty(): dtype {dtype!r}: pass a torch.dtype, "
+                       f"'fp16', 'bf16', 'fp32' or None")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in shape):
+        raise _invalid(f"arbiter.torch.empty(): shape {shape!r} is not a tuple of positive "
+                       "integers")
+    itemsize = torch.empty((), dtype=kind).element_size()
+    count = 1
+    for n in shape:
+        count *= n
+    # Bytes as numpy's uint8, then viewed as `kind` (bf16 and fp8 have no
+    # numpy type): torch.from_numpy holds the array, which holds the
+    # allocation, and every view of the tensor holds its storage.
+    raw = comm.empty((count * itemsize,), "uint8")
+    return torch.from_numpy(raw).view(kind).view(shape)

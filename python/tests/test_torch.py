@@ -289,3 +289,21 @@ def test_a_dispatch_mode_sees_the_op(comm):
     assert "arbiter.allreduce_fusion.default" in mode.ops
     residual_ref, _ = reference(x, residual, weight)
     assert r.decision is None and torch.equal(r.residual_out, residual_ref)
+
+
+def test_empty_refuses_a_cuda_communicator_naming_its_device():
+    """arbiter.torch.empty(): no registered memory on GPUs yet; the refusal
+    says what to allocate instead, and nothing is allocated."""
+    import arbiter.torch as arbiter_torch
+
+    class CudaCommunicator:  # what empty() reads of a GPU Communicator
+        device = 1
+        dtype = arbiter.Dtype.BF16
+
+        def empty(self, *args):
+            raise AssertionError("allocated on a CUDA communicator")
+
+    with pytest.raises(arbiter.ArbiterError) as e:
+        arbiter_torch.empty(CudaCommunicator(), (2, 8))
+    assert e.value.status == arbiter.Status.UNSUPPORTED
+    assert "CUDA device 1" in e.value.message and "cuda:1" in e.value.message

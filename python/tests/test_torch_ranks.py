@@ -46,3 +46,9 @@ def test_the_groups_timeout_bounds_a_call_a_rank_stays_out_of(arbiter_bin, tmp_p
     code, log = run(arbiter_bin, tmp_path, "group_timeout", site=False)
     assert code == 0, log
     assert "rank 0: TIMEOUT" in log and "rank 1: stayed out of the call" in log, log
+
+
+def test_arbiter_torch_empty_gives_registered_tensors_read_in_place(arbiter_bin, tmp_path):
+    code, log = run(arbiter_bin, tmp_path, "registered")
+    assert code == 0, log
+    assert log.count("registered: OK") == 2, log

@@ -170,6 +170,66 @@ def scenario_group_timeout(outdir: str) -> None:
             open(flag, "w").close()
 
 
+def scenario_registered(outdir: str) -> None:
+    """arbiter.torch.empty(): registered tensors give the bits of ordinary
+    ones through the fast path and the op (one-shot and two-shot sizes), a
+    view crossing the end is refused (so the registered path was taken),
+    and the tensor keeps the allocation alive until its last view dies."""
+    import gc
+
+    import arbiter.torch as arbiter_torch
+
+    with arbiter.Communicator.from_environment(
+        hidden=HIDDEN, dtype="bf16", max_tokens=MAX_TOKENS, timeout=20
+    ) as comm:
+        x = arbiter_torch.empty(comm, (MAX_TOKENS, HIDDEN))
+        if x.dtype != torch.bfloat16 or tuple(x.shape) != (MAX_TOKENS, HIDDEN) or x.is_cuda:
+            fail(f"empty(): got {x.dtype} {tuple(x.shape)} on {x.device}")
+        res = to_torch(make(7, 1, (MAX_TOKENS, HIDDEN), "bf16"), "bf16")
+        w = to_torch(make(9, 1, (HIDDEN,), "bf16"), "bf16")
+        for t in (2, 96, MAX_TOKENS):
+            plain = to_torch(make(comm.rank, t, (t, HIDDEN), "bf16"), "bf16")
+            x[:t] = plain
+            a = comm.allreduce_fusion(plain, res[:t], w)
+            b = comm.allreduce_fusion(x[:t], res[:t], w)
+            n, r = torch.empty_like(plain), torch.empty_like(plain)
+            arbiter_torch.op(comm.op_handle, 1, x[:t], res[:t], w, None, r, n)
+            for key in ("norm_out", "residual_out"):
+                if not same_bits(getattr(a, key), getattr(b, key)):
+                    fail(f"registered and ordinary {key} differ at {t} tokens (fast path)")
+            if not same_bits(a.norm_out, n) or not same_bits(a.residual_out, r):
+                fail(f"registered and ordinary outputs differ at {t} tokens (op)")
+        # The last token and one past the end (torch's own views cannot
+        # cross their storage; numpy's can).
+        crossing = torch.from_numpy(np.lib.stride_tricks.as_strided(
+            x[-1:].view(torch.int16).numpy(), shape=(2, HIDDEN))).view(torch.bfloat16)
+        try:
+            comm.allreduce_fusion(crossing)
+            fail("a view crossing the end of the registered tensor was taken")
+        except arbiter.ArbiterError as e:
+            if "crosses the end" not in e.message:
+                fail(f"a view crossing the end: {e!r}")
+        for dtype in (torch.float32, "fp16", torch.uint8):
+            t = arbiter_torch.empty(comm, (3, 5), dtype)
+            if t.dtype != (torch.float16 if dtype == "fp16" else dtype) or t.shape != (3, 5):
+                fail(f"empty(dtype={dtype}): got {t.dtype} {tuple(t.shape)}")
+        view = x[1:3]
+        del x, crossing, t
+        gc.collect()
+        try:
+            comm.close()
+            fail("close() succeeded while a registered tensor lived")
+        except arbiter.ArbiterError as e:
+            if "still alive" not in e.message:
+                fail(f"close() with a live view: {e!r}")
+        comm.allreduce_fusion(view)
+        del view
+        gc.collect()
+        if comm._registered or comm._pending_frees:
+            fail(f"allocations left: {comm._registered}")
+    print("registered: OK", flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     scenario, outdir = sys.argv[1], sys.argv[2]

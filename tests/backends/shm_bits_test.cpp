@@ -286,35 +286,54 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
       // The registered path (ABI v2): the input in memory every rank maps,
       // read in place, at an offset inside the allocation; with and
       // without the replicated-residual split, and in place (norm_out over
-      // the input: one-shot copies in). The same bits.
+      // the input: one-shot copies in). Variants 3 and 4 put every output in
+      // registered memory too (replicated: two-shot copies the other slices
+      // from their owners' outputs), 4 with norm_out over the input. The
+      // same bits.
       const std::size_t bytes = inputs[rank].size();
+      const std::size_t quant_bytes = std::size_t{kTokens} * kHidden;
       void* area = nullptr;
-      if (shm_memory().alloc(workspace, 2 * bytes + 4096, &area) != ARBITER_OK) {
+      if (shm_memory().alloc(workspace, 4096 + 4 * bytes + quant_bytes, &area) != ARBITER_OK) {
         return std::string("alloc: ") + module.last_error();
       }
       std::byte* const registered = static_cast<std::byte*>(area) + 4096;
+      std::byte* const registered_outputs[3] = {registered + bytes, registered + 2 * bytes,
+                                                registered + 3 * bytes};
+      auto* const registered_quant = reinterpret_cast<std::uint8_t*>(registered + 4 * bytes);
       for (arbiter_algorithm algorithm :
            {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
-        for (int variant = 0; variant < 3; ++variant) {
+        for (int variant = 0; variant < 5; ++variant) {
           if (variant > 0 && pattern == ARBITER_PATTERN_ALLREDUCE) continue;
           std::memcpy(registered, inputs[rank].data(), bytes);
           Outputs got(dtype);
           arbiter_allreduce_args a =
               args_for(dtype, pattern, algorithm, registered, residual, gamma, scale, got);
-          if (variant == 1) a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
-          if (variant == 2) a.norm_out = registered;
+          if (variant == 1 || variant >= 3) a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
+          if (variant >= 3) {
+            std::memset(registered + bytes, 0xA5, 3 * bytes + quant_bytes);
+            a.allreduce_out = registered_outputs[0];
+            a.residual_out = registered_outputs[1];
+            a.norm_out = registered_outputs[2];
+            if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) a.quant_out = registered_quant;
+          }
+          if (variant == 2 || variant == 4) a.norm_out = registered;
           const std::string where = std::string(dtype_name(dtype)) + " pattern " +
                                     std::to_string(pattern) + " " + algorithm_name(algorithm) +
                                     " registered variant " + std::to_string(variant) + ": ";
           if (shm_memory().run_registered(workspace, &a, nullptr) != ARBITER_OK) {
             return where + "run_registered: " + module.last_error();
           }
-          std::vector<std::byte> norm_out = got.norm_out;
-          if (variant == 2) norm_out.assign(registered, registered + bytes);
+          if (variant >= 3) {
+            got.allreduce_out.assign(registered_outputs[0], registered_outputs[0] + bytes);
+            got.residual_out.assign(registered_outputs[1], registered_outputs[1] + bytes);
+            got.norm_out.assign(registered_outputs[2], registered_outputs[2] + bytes);
+            got.quant.assign(registered_quant, registered_quant + quant_bytes);
+          }
+          if (variant == 2 || variant == 4) got.norm_out.assign(registered, registered + bytes);
           for (const std::string& problem :
                {compare("allreduce_out", got.allreduce_out, want.allreduce_out),
                 compare("residual_out", got.residual_out, want.residual_out),
-                compare("norm_out", norm_out, want.norm_out)}) {
+                compare("norm_out", got.norm_out, want.norm_out)}) {
             if (!problem.empty()) return where + problem;
           }
           if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8 && got.quant != want.quant) {
@@ -388,6 +407,67 @@ BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_specia
 // The probes are only worth their place if each one's expected output
 // differs from what its wrong order gives, and the expected output is the
 // reference epilogue's.
+// Registered outputs are the caller's once a call returns: here every rank
+// overwrites its outputs at once (as a model reusing the buffer would)
+// while ranks are preempted at random. A peer still copying this rank's
+// slice would take the overwritten rows; the end barrier of the owners'
+// path prevents it.
+BOOST_AUTO_TEST_CASE(registered_outputs_can_be_overwritten_as_soon_as_a_call_returns) {
+  auto body = [](int rank, const arbiter_oob& oob) -> std::string {
+    const arbiter_dtype dtype = ARBITER_DTYPE_BF16;
+    const std::size_t bytes = std::size_t{kTokens} * kHidden * dtype_size(dtype);
+    const arbiter_workspace_spec spec = make_spec(oob, dtype, bytes);
+    arbiter_workspace* workspace = nullptr;
+    if (shm().workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+      return std::string("workspace_create: ") + shm().last_error();
+    }
+    const std::vector<std::byte> input = input_of(dtype, rank);
+    const std::vector<std::byte> residual = input_of(dtype, 6);
+    std::vector<std::byte> gamma(std::size_t{kHidden} * dtype_size(dtype));
+    for (std::uint32_t i = 0; i < kHidden; ++i) store_element(gamma.data(), i, dtype, gamma_at(i));
+    const float scale = 0.02f;
+    Outputs want(dtype);
+    arbiter_allreduce_args w =
+        args_for(dtype, ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, input.data(),
+                 residual, gamma, scale, want);
+    if (shm().run(workspace, &w, nullptr) != ARBITER_OK) {
+      return std::string("run: ") + shm().last_error();
+    }
+    void* area = nullptr;
+    if (shm_memory().alloc(workspace, 3 * bytes, &area) != ARBITER_OK) {
+      return std::string("alloc: ") + shm().last_error();
+    }
+    auto* const registered = static_cast<std::byte*>(area);
+    std::memcpy(registered, input.data(), bytes);
+    Outputs unused(dtype);
+    arbiter_allreduce_args a =
+        args_for(dtype, ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, registered,
+                 residual, gamma, scale, unused);
+    a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
+    a.allreduce_out = nullptr;
+    a.residual_out = registered + bytes;
+    a.norm_out = registered + 2 * bytes;
+    std::string problem;
+    for (int call = 0; call < 300 && problem.empty(); ++call) {
+      if (shm_memory().run_registered(workspace, &a, nullptr) != ARBITER_OK) {
+        problem = "call " + std::to_string(call) + ": " + shm().last_error();
+        break;
+      }
+      const std::vector<std::byte> residual_out(registered + bytes, registered + 2 * bytes);
+      const std::vector<std::byte> norm_out(registered + 2 * bytes, registered + 3 * bytes);
+      problem = compare("residual_out", residual_out, want.residual_out);
+      if (problem.empty()) problem = compare("norm_out", norm_out, want.norm_out);
+      if (!problem.empty()) problem = "call " + std::to_string(call) + ": " + problem;
+      std::memset(registered + bytes, 0xFF, 2 * bytes);
+    }
+    shm_memory().free(workspace, area);
+    shm().workspace_destroy(workspace);
+    return problem;
+  };
+  run_group(2, body, 120, /*preempt=*/true);
+  run_group(3, body, 120, /*preempt=*/true);
+}
+
 BOOST_AUTO_TEST_CASE(each_probe_token_tells_its_wrong_order_from_the_reference) {
   for (arbiter_dtype dtype : {ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16}) {
     const auto& probes = probe_tokens(dtype);

@@ -316,6 +316,9 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
     bool norm;
     std::uint32_t tokens;
     bool registered = false;  // every rank's input in `area` (alloc_registered), odd() aside
+    // Replicated residual, residual_out and norm_out in `area` too: two-shot
+    // (2 ranks, 64 tokens) copies the other slices from their owners.
+    bool registered_outputs = false;
   };
   const Case cases[] = {
       {"tokens 8 vs 4", [](arbiter_allreduce_args& a, Buffers&) { a.tokens = 4; }, false, 8},
@@ -339,10 +342,15 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
          a.input = static_cast<const float*>(a.input) + kHidden;
        },
        false, 4, true},
+      {"outputs registered vs ordinary memory",
+       [](arbiter_allreduce_args& a, Buffers& b) { a.norm_out = b.norm_out.data(); }, true, 64,
+       true, true},
   };
-  // Registered memory (Communicator::alloc_registered) for the last cases.
+  // Registered memory (Communicator::alloc_registered) for the last cases:
+  // the input, residual_out and norm_out, one block each.
+  constexpr std::size_t kBlock = std::size_t{kMaxTokens} * kHidden;
   void* area = nullptr;
-  if (const auto r = comm->alloc_registered(std::uint64_t{kMaxTokens} * kHidden * 4, &area);
+  if (const auto r = comm->alloc_registered(3 * kBlock * sizeof(float), &area);
       r.status != ARBITER_OK) {
     say(rank, "alloc_registered failed: " + r.error);
   }
@@ -357,6 +365,11 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
     if (c.registered) {
       std::memcpy(area, b.input.data(), b.input.size() * sizeof(float));
       a.input = area;
+    }
+    if (c.registered_outputs) {
+      a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
+      a.residual_out = static_cast<float*>(area) + kBlock;
+      a.norm_out = static_cast<float*>(area) + 2 * kBlock;
     }
     if (odd) c.odd(a, b);
     const auto started = Clock::now();
