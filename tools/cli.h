@@ -65,5 +65,6 @@ int cmd_sweep(const Args& args);
 int cmd_diff(const Args& args);
 int cmd_launch(const Args& args);
 int cmd_plugins(const Args& args);
+int cmd_footprint(const Args& args);
 
 }  // namespace arbiter::cli

@@ -55,6 +55,8 @@ int cmd_plugins(const Args& args) {
       o.num("abi_version", m.abi_version);
       // ABI v2: the module allocates registered memory (zero-copy calls).
       o.boolean("registered_memory", m.memory != nullptr);
+      // It sizes its workspaces without a device (`arbiter footprint`).
+      o.boolean("footprint", m.footprint != nullptr);
       if (m.build.empty()) {
         o.null("build");  // no faults companion: a module built before it
       } else {
@@ -83,6 +85,7 @@ int cmd_plugins(const Args& args) {
       o.null("path");
       o.num("abi_version", 0);
       o.boolean("registered_memory", false);
+      o.boolean("footprint", false);
       o.boolean("available", false);
       o.null("device");
       o.str("reason", a.reason);

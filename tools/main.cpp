@@ -23,6 +23,7 @@ constexpr const char* kUsage =
     "  diff      which decisions differ between two tables\n"
     "  launch    start N local ranks of a program (RANK, WORLD_SIZE, MASTER_ADDR, ...)\n"
     "  plugins   backend modules found, and available or why not (--json)\n"
+    "  footprint workspace bytes per rank of each backend, for a model shape (--budget)\n"
     "  tune      caps, regret and a site overlay from benchmark results (CSV)\n"
     "  plot      latency charts (SVG) from benchmark results, with the tables' decisions\n"
     "  bench     measure every backend and algorithm on every rank (results CSV for tune)\n"
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     if (command == "diff") return cmd_diff(args);
     if (command == "launch") return cmd_launch(args);
     if (command == "plugins") return cmd_plugins(args);
+    if (command == "footprint") return cmd_footprint(args);
     if (command == "tune") return cmd_tune(args);
     if (command == "plot") return cmd_plot(args);
     if (command == "bench") return cmd_bench(args);

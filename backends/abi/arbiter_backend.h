@@ -311,6 +311,47 @@ typedef struct arbiter_backend_memory_v2_t {
                             void* stream);
 } arbiter_backend_memory_v2_t;
 
+/* Footprint: an optional companion of arbiter_backend_v1 that says what a
+ * workspace costs before (or without) creating it, exported as
+ *   const arbiter_backend_footprint_v1_t arbiter_backend_v1_footprint = {...};
+ * workspace_create() sizes its memory with the same function, so the
+ * figure and the workspace cannot disagree. A host that predates it never
+ * looks for it; a module without it loads and runs as before (its
+ * footprint is unknown). Frozen like the others. */
+#define ARBITER_BACKEND_FOOTPRINT_SYMBOL_V1 "arbiter_backend_v1_footprint"
+#define ARBITER_ALGORITHM_COUNT 3
+
+/* One rank's share of one workspace, in bytes. Each byte is counted once:
+ *  device_bytes: device memory only this rank maps;
+ *  host_bytes:   host memory only this rank maps (pinned or not);
+ *  shared_bytes: memory this rank allocated or owns that peers map too
+ *                (a /dev/shm object, peer-mapped IPC buffers, multicast
+ *                and unicast VMM allocations), all buffering stages counted.
+ * max_message_bytes[a]: the largest message one run() with algorithm a
+ * takes (0: the algorithm is not offered; UINT64_MAX: any size).
+ * Memory a system library allocates on its own (NCCL's buffers) is not
+ * counted; `note` says so where it applies. */
+typedef struct arbiter_footprint {
+  uint64_t device_bytes;
+  uint64_t host_bytes;
+  uint64_t shared_bytes;
+  uint64_t max_message_bytes[ARBITER_ALGORITHM_COUNT]; /* by arbiter_algorithm */
+  const char* note; /* static text, never NULL ("" when nothing to add) */
+} arbiter_footprint;
+
+typedef struct arbiter_backend_footprint_v1_t {
+  uint32_t footprint_version; /* 1 */
+  uint32_t reserved;          /* 0 */
+  /* Required. Pure: no device, no driver call, no oob, no allocation;
+   * callable before probe() and on a machine without the device.
+   * Inputs: spec as workspace_create() would get it (rank, device and
+   * timeout_ms are ignored). Outputs: *out filled, ARBITER_OK; or
+   * ARBITER_INVALID_ARGUMENT / ARBITER_UNSUPPORTED with the reason in
+   * last_error(), exactly where workspace_create() would refuse the spec
+   * before any exchange, and *out untouched. */
+  int32_t (*footprint)(const arbiter_workspace_spec* spec, arbiter_footprint* out);
+} arbiter_backend_footprint_v1_t;
+
 #ifdef __cplusplus
 }
 #endif

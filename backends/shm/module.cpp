@@ -16,6 +16,7 @@
 #include "arbiter/common/rmsnorm.h"
 #include "arbiter/common/token_slice.h"
 #include "arbiter_backend.h"
+#include "footprint.h"
 #include "status.h"
 #include "workspace.h"
 
@@ -418,4 +419,11 @@ const arbiter_backend_memory_v2_t arbiter_backend_v2_memory = {
     arbiter::shm::alloc_registered,
     arbiter::shm::free_registered,
     arbiter::shm::run_registered,
+};
+
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_footprint_v1_t arbiter_backend_v1_footprint = {
+    1,
+    0,
+    arbiter::shm::footprint,
 };

@@ -25,6 +25,7 @@
 #include "arbiter/common/liveness.h"
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
+#include "footprint.h"
 #include "shm_object.h"
 #include "workspace.h"
 
@@ -34,7 +35,6 @@ namespace {
 
 constexpr std::size_t kTextBytes = 192;
 constexpr std::size_t kNameBytes = 64;
-constexpr std::int32_t kMaxWorldSize = 63;  // world_size_mask has bits 0..63
 constexpr const char* kNamePrefix = "/arbiter-shm-";
 
 // Step 1, from every rank.
@@ -83,10 +83,7 @@ Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
 // (ARBITER_SHM_WAIT).
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
                   const TokenKernels** kernels, WaitPolicy* wait_policy) {
-  if (spec.world_size < 1 || spec.world_size > kMaxWorldSize) {
-    return {ARBITER_UNSUPPORTED, "world size " + std::to_string(spec.world_size) +
-                                     " is outside the 1..63 this backend supports"};
-  }
+  if (const Status shape = check_shape(spec); !shape.ok()) return shape;
   if (oob.size != spec.world_size) {
     return {ARBITER_INVALID_ARGUMENT, "spec.world_size is " + std::to_string(spec.world_size) +
                                           " but the oob group has " + std::to_string(oob.size) +
@@ -101,13 +98,6 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
     return {ARBITER_INVALID_ARGUMENT,
             "timeout_ms must be positive, got " + std::to_string(spec.timeout_ms)};
   }
-  if (!common::is_valid_dtype(spec.dtype)) {
-    return {ARBITER_INVALID_ARGUMENT, "unknown dtype " + std::to_string(spec.dtype)};
-  }
-  if (spec.nodes > 1) {
-    return {ARBITER_UNSUPPORTED,
-            "shm is single-node only; spec.nodes is " + std::to_string(spec.nodes)};
-  }
   if (const Status chosen = choose_token_kernels(std::getenv("ARBITER_SHM_ISA"), kernels);
       !chosen.ok()) {
     return chosen;
@@ -118,11 +108,6 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
   }
   if (const common::Status& faults = common::FaultInjection::get().error(); !faults.ok()) {
     return faults;
-  }
-  if (spec.max_message_bytes == 0 || spec.max_message_bytes > kMaxMessageBytes) {
-    return {ARBITER_INVALID_ARGUMENT, "max_message_bytes " +
-                                          std::to_string(spec.max_message_bytes) +
-                                          " must be between 1 and 64 TiB"};
   }
   return {};
 }
@@ -266,10 +251,8 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   hello.pid = static_cast<std::int32_t>(getpid());
   hello.max_message_bytes = spec.max_message_bytes;
   hello.pid_namespace = common::Liveness::own_pid_namespace();
-  hello.slot_bytes =
-      local.ok() ? slot_bytes_for(spec.max_message_bytes,
-                                  std::uint64_t{spec.hidden} * common::dtype_size(spec.dtype))
-                 : 0;
+  // Sized by layout_for(), as the footprint companion reports it.
+  hello.slot_bytes = local.ok() ? layout_for(spec).slot_bytes : 0;
   copy_text(hello.host, host_identity());
   copy_text(hello.message, local.message());
   std::vector<Hello> hellos(ranks);

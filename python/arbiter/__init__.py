@@ -42,7 +42,7 @@ is a source tree).
 from __future__ import annotations
 
 from ._library import installed_folder, library_path
-from .communicator import Communicator, FusionResult
+from .communicator import Communicator, FusionResult, WorkspaceFootprint
 from .errors import ArbiterError, Status
 from .policy import (
     Decision,
@@ -77,6 +77,7 @@ __all__ = [
     "ArbiterError",
     "Communicator",
     "FusionResult",
+    "WorkspaceFootprint",
     "Decision",
     "Dtype",
     "Pattern",

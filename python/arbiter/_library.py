@@ -122,6 +122,20 @@ class CCommInfo(Structure):
     ]
 
 
+class CCommFootprint(Structure):
+    """arbiter_comm_footprint."""
+
+    _fields_ = [
+        ("backend", c_int32),
+        ("known", c_int32),
+        ("device_bytes", c_uint64),
+        ("host_bytes", c_uint64),
+        ("shared_bytes", c_uint64),
+        ("max_message_bytes", c_uint64 * 3),
+        ("note", c_char_p),
+    ]
+
+
 class CAllreduceArgs(Structure):
     """arbiter_allreduce_args."""
 
@@ -211,6 +225,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.arbiter_comm_create_from_environment.restype = c_int32
     lib.arbiter_comm_get_info.argtypes = [c_void_p, POINTER(CCommInfo)]
     lib.arbiter_comm_get_info.restype = c_int32
+    lib.arbiter_comm_get_footprint.argtypes = [c_void_p, c_int32, POINTER(CCommFootprint)]
+    lib.arbiter_comm_get_footprint.restype = c_int32
     lib.arbiter_comm_allreduce_fusion.argtypes = [
         c_void_p,
         POINTER(CAllreduceArgs),

@@ -12,6 +12,26 @@ OUTPUTS = ("allreduce_out", "residual_out", "norm_out", "quant_out", "scale_out"
 FP8_HINT = " (the kernels write float8 e4m3fn; another float8 format would hold wrong values)"
 
 
+class WorkspaceFootprint(NamedTuple):
+    """What one backend's workspace costs this rank (Communicator.footprint).
+
+    shared_bytes is memory peers map too (/dev/shm, CUDA IPC, multicast);
+    max_message_bytes maps each algorithm to the largest call it takes
+    (None: any size; 0: not offered); note says what is not counted."""
+
+    backend: str
+    known: bool
+    device_bytes: int
+    host_bytes: int
+    shared_bytes: int
+    max_message_bytes: dict
+    note: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.device_bytes + self.host_bytes + self.shared_bytes
+
+
 class FusionResult(NamedTuple):
     """The outputs of one call (None where the pattern or `out` wrote none)
     and the decision that ran it: None when torch.compile traced the call

@@ -22,13 +22,15 @@ import sys
 import threading
 
 from . import _array_call, _library
-from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
+from ._results import FusionResult, WorkspaceFootprint, nvfp4_scale_bytes, stream_handle
 from .errors import invalid_argument as _invalid
 from .oob import PythonOob
 from .policy import Decision, Dtype, Pattern, Policy, decision_from_c, parse_capability
 from .policy import parse_dtype, parse_pattern
 
-__all__ = ["Communicator", "FusionResult", "nvfp4_scale_bytes", "stream_handle"]
+_ANY_SIZE = (1 << 64) - 1  # max_message_bytes of a backend that takes any size
+
+__all__ = ["Communicator", "FusionResult", "WorkspaceFootprint", "nvfp4_scale_bytes", "stream_handle"]
 
 
 class _NoTensor:
@@ -256,9 +258,8 @@ class Communicator:
         self.rank = int(info.rank)
         self.world_size = int(info.world_size)
         self.device = int(info.device)
-        self._backends = [
-            lib.arbiter_backend_name(i).decode() for i in range(32) if (info.backend_mask >> i) & 1
-        ]
+        self._backend_codes = [i for i in range(32) if (info.backend_mask >> i) & 1]
+        self._backends = [lib.arbiter_backend_name(i).decode() for i in self._backend_codes]
         self._fingerprint = int(info.fingerprint)
         # What every call reuses: one argument block, one decision, the
         # function as a prototype over plain addresses.
@@ -292,6 +293,31 @@ class Communicator:
     def backends(self) -> list[str]:
         """The backends with a workspace on every rank (the ones a call may use)."""
         return list(self._backends)
+
+    def footprint(self) -> dict[str, WorkspaceFootprint]:
+        """What each backend's workspace costs this rank, by backend name, as
+        its module sized it (arbiter_comm_get_footprint). Not collective."""
+        figures = {}
+        for code in self._backend_codes:
+            c = _library.CCommFootprint()
+            _library.check(
+                self._lib, self._lib.arbiter_comm_get_footprint(self._handle, code, ctypes.byref(c))
+            )
+            name = self._lib.arbiter_backend_name(code).decode()
+            figures[name] = WorkspaceFootprint(
+                backend=name,
+                known=bool(c.known),
+                device_bytes=int(c.device_bytes),
+                host_bytes=int(c.host_bytes),
+                shared_bytes=int(c.shared_bytes),
+                max_message_bytes={
+                    algorithm: (None if int(c.max_message_bytes[i]) == _ANY_SIZE
+                                else int(c.max_message_bytes[i]))
+                    for i, algorithm in enumerate(("oneshot", "twoshot", "native"))
+                },
+                note=(c.note or b"").decode(),
+            )
+        return figures
 
     @property
     def fingerprint(self) -> int:

@@ -274,6 +274,20 @@ def test_one_rank_with_default_options_runs_the_norm(dtype):
             assert np.all(np.abs(got - ref[name]) <= 2 * ref[name + "_bound"]), name
 
 
+def test_footprint_with_default_options_is_shm_private_memory():
+    # One rank shares nothing: shm's workspace is private host memory, and
+    # it takes a message of any size.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16") as comm:
+        figures = comm.footprint()
+        assert list(figures) == ["shm"]
+        shm = figures["shm"]
+        assert shm.known and shm.device_bytes == 0 and shm.shared_bytes == 0
+        assert shm.host_bytes > 0 and shm.host_bytes % 4096 == 0
+        assert shm.total_bytes == shm.host_bytes
+        assert shm.max_message_bytes == {"oneshot": None, "twoshot": None, "native": None}
+        assert shm.note == ""
+
+
 def test_a_pattern_no_backend_runs_is_refused_when_called():
     with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16") as comm:
         x = np.zeros((1, 64), dtype=np.uint16)

@@ -317,6 +317,28 @@ int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out) 
   return ARBITER_OK;
 }
 
+int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
+                                   arbiter_comm_footprint* out) {
+  if (!comm || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  const std::uint32_t usable = comm->comm->usable_mask();
+  if (backend < 0 || backend >= arbiter::kBackendCount || !((usable >> backend) & 1u)) {
+    return fail(ARBITER_UNSUPPORTED, "backend " + std::to_string(backend) +
+                                         " has no workspace in this communicator (backend_mask " +
+                                         std::to_string(usable) + ")");
+  }
+  const arbiter::WorkspaceFootprint& figure =
+      comm->comm->footprint_of(static_cast<arbiter::Backend>(backend));
+  out->backend = backend;
+  out->known = figure.known ? 1 : 0;
+  out->device_bytes = figure.device_bytes;
+  out->host_bytes = figure.host_bytes;
+  out->shared_bytes = figure.shared_bytes;
+  for (int a = 0; a < 3; ++a) out->max_message_bytes[a] = figure.max_message_bytes[a];
+  out->note = figure.note.c_str();
+  g_last_error.clear();
+  return ARBITER_OK;
+}
+
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used) {
   if (!comm || !args) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");

@@ -12,19 +12,18 @@
 #include "arbiter/common/call_signature.h"
 #include "arbiter/common/fault_injection.h"
 #include "arbiter/common/token_slice.h"
+#include "arbiter/workspace_plan.h"
 #include "peer_watch.h"
 
 namespace arbiter {
 namespace {
-
-// The most a fallback workspace holds per call; larger calls run in slices.
-constexpr std::uint64_t kFallbackSliceBytes = std::uint64_t{16} << 20;
 
 struct Workspace {
   const arbiter_backend_v1_t* module = nullptr;
   const arbiter_backend_faults_v1_t* faults = nullptr;  // nullptr: cannot be aborted
   arbiter_workspace* handle = nullptr;
   const arbiter_backend_memory_v2_t* memory = nullptr;  // nullptr: no registered memory
+  WorkspaceFootprint footprint;  // sized by the module from the spec it was made with
 };
 
 // One registered allocation of this rank (Communicator::alloc_registered).
@@ -224,6 +223,28 @@ void check_agreement(const std::vector<RankFacts>& all, const Registry& registry
   }
 }
 
+WorkspaceFootprint sized_footprint(const Registry& registry, Backend backend,
+                                   const arbiter_workspace_spec& spec) {
+  WorkspaceFootprint figure;
+  figure.backend = backend;
+  const ModuleInfo* info = registry.info(backend);
+  arbiter_footprint sized{};
+  // The module just created a workspace from this spec, so its sizing of
+  // the same spec succeeds; a module without the companion stays unknown.
+  if (info == nullptr || info->footprint == nullptr ||
+      info->footprint->footprint(&spec, &sized) != ARBITER_OK) {
+    return figure;
+  }
+  figure.known = true;
+  figure.device_bytes = sized.device_bytes;
+  figure.host_bytes = sized.host_bytes;
+  figure.shared_bytes = sized.shared_bytes;
+  std::copy(std::begin(sized.max_message_bytes), std::end(sized.max_message_bytes),
+            figure.max_message_bytes);
+  figure.note = sized.note != nullptr ? sized.note : "";
+  return figure;
+}
+
 }  // namespace
 
 struct Communicator::Impl {
@@ -398,29 +419,12 @@ void Communicator::Impl::create(const Registry& registry) {
     }
   }
   const Tables& t = policy.tables();
-  const int kind = static_cast<int>(options.capability.device());
+  const Backend fallback = this->fallback();
   const Topology topo = topology_of(request_for(Pattern::kAllreduce));
 
   // 3. Workspaces, sized from the policy's caps, for the backends it may pick.
-  std::uint64_t fused_cap = 0;
-  for (int p = 0; p < kPatternCount; ++p) {
-    if (!((asked_patterns >> p) & 1u)) continue;
-    if (auto c = policy.max_fused_bytes(request_for(static_cast<Pattern>(p)))) {
-      fused_cap = std::max(fused_cap, *c);
-    }
-  }
-  const std::uint64_t largest_call =
-      Request::message_bytes_of(options.max_tokens, options.hidden, options.dtype);
-  // What fused workspaces hold: the cap, or more for a bench.
-  const std::uint64_t fused_bytes = std::max(fused_cap, options.fused_workspace_bytes);
-  if (fused_bytes > 0) {
-    for (Backend b : t.preference[static_cast<int>(topo)]) candidates.push_back(b);
-  }
-  const Backend fallback = t.fallback[kind];
-  if (fallback != Backend::kNone &&
-      std::find(candidates.begin(), candidates.end(), fallback) == candidates.end()) {
-    candidates.push_back(fallback);
-  }
+  const WorkspacePlan plan = plan_workspaces(policy, options, static_cast<std::uint32_t>(oob.size));
+  for (const PlannedWorkspace& w : plan.workspaces) candidates.push_back(w.backend);
   for (int i = 0; i < kBackendCount; ++i) {
     no_workspace[i] = "not a candidate here (neither in the tables' " +
                       std::string(topology_name(topo)) +
@@ -428,9 +432,10 @@ void Communicator::Impl::create(const Registry& registry) {
                       "size)";
   }
   std::uint32_t mode_dropped = 0;
-  for (Backend b : candidates) {
+  for (const PlannedWorkspace& planned : plan.workspaces) {
+    const Backend b = planned.backend;
     const int i = static_cast<int>(b);
-    if (!((t.allowed_mask >> i) & 1u)) {  // the tables never pick it
+    if (!planned.allowed) {  // the tables never pick it
       no_workspace[i] =
           "not allowed by the tables (allowed: " + backend_mask_names(t.allowed_mask) +
           "; see `enabled:` and ARBITER_BACKENDS)";
@@ -456,35 +461,9 @@ void Communicator::Impl::create(const Registry& registry) {
                   "; it runs " + pattern_names(common_patterns[i]) + " on this device)");
       continue;
     }
-    arbiter_workspace_spec spec{};
-    spec.world_size = oob.size;
+    arbiter_workspace_spec spec = planned.spec;
     spec.rank = oob.rank;
-    spec.device = options.device;
-    spec.nodes = options.nodes;
-    spec.max_tokens = options.max_tokens;
-    spec.hidden = options.hidden;
-    spec.dtype = static_cast<arbiter_dtype>(options.dtype);
     spec.pattern_mask = asked;
-    // Fused backends take at most the cap. The fallback takes any size, in
-    // slices of its workspace (run_in_slices, unless the module streams by
-    // itself as shm does), so it needs no more than the cap or
-    // kFallbackSliceBytes: nccl's scratch need not hold the largest call.
-    spec.max_message_bytes = fused_bytes;
-    if (b == fallback) {
-      const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);
-      spec.max_message_bytes = std::max(
-          {fused_bytes,
-           std::min(largest_call == 0 ? kFallbackSliceBytes : largest_call, kFallbackSliceBytes),
-           token});
-    }
-    // max_tokens 0 (unknown, the default): as many tokens as the workspace
-    // takes, so that modules which size by tokens (trtllm, mnnvl) hold the
-    // cap and are not refused for a zero.
-    if (spec.max_tokens == 0 && options.hidden != 0) {
-      const std::uint64_t token = Request::message_bytes_of(1, options.hidden, options.dtype);
-      spec.max_tokens = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>((spec.max_message_bytes + token - 1) / token, UINT32_MAX));
-    }
     spec.timeout_ms = timeout.count();
     const arbiter_backend_v1_t* module = registry.backend(b);
     arbiter_workspace* handle = nullptr;
@@ -504,7 +483,8 @@ void Communicator::Impl::create(const Registry& registry) {
       drop(b, std::string("workspace creation failed: ") + module->last_error());
       continue;
     }
-    workspaces[i] = {module, registry.faults(b), handle, registry.memory(b)};
+    workspaces[i] = {module, registry.faults(b), handle, registry.memory(b),
+                     sized_footprint(registry, b, spec)};
     usable |= 1u << i;
     patterns[i] = asked;
     no_workspace[i].clear();
@@ -1108,6 +1088,20 @@ std::uint32_t Communicator::patterns_of(Backend backend) const {
   return i >= 0 && i < kBackendCount ? impl_->patterns[i] : 0;
 }
 bool Communicator::shared_gpu_test() const { return impl_->shared_gpu_test; }
+const WorkspaceFootprint& Communicator::footprint_of(Backend backend) const {
+  static const WorkspaceFootprint kNoWorkspace;
+  const int i = static_cast<int>(backend);
+  if (i < 0 || i >= kBackendCount || !((impl_->usable >> i) & 1u)) return kNoWorkspace;
+  return impl_->workspaces[i].footprint;
+}
+
+std::vector<WorkspaceFootprint> Communicator::footprint() const {
+  std::vector<WorkspaceFootprint> figures;
+  for (int i = 0; i < kBackendCount; ++i) {
+    if ((impl_->usable >> i) & 1u) figures.push_back(impl_->workspaces[i].footprint);
+  }
+  return figures;
+}
 const std::vector<std::string>& Communicator::dropped() const { return impl_->dropped; }
 
 }  // namespace arbiter

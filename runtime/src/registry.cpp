@@ -169,9 +169,23 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     info.memory = memory;
     info.abi_version = ARBITER_BACKEND_ABI_VERSION_MEMORY;
   }
+  if (const void* f = dlsym(handle->dl, ARBITER_BACKEND_FOOTPRINT_SYMBOL_V1)) {
+    const auto* footprint = static_cast<const arbiter_backend_footprint_v1_t*>(f);
+    if (footprint->footprint_version != 1 || footprint->footprint == nullptr) {
+      return record(std::string("malformed ") + ARBITER_BACKEND_FOOTPRINT_SYMBOL_V1 +
+                    ": footprint_version " + std::to_string(footprint->footprint_version) +
+                    " (this arbiter knows 1), or a NULL entry (rebuild the module)");
+    }
+    // Kept even when probe() fails below: sizing needs no device.
+    info.footprint = footprint;
+    info.last_error = entry->last_error;
+  }
   arbiter_backend_caps caps{};
   const std::int32_t status = entry->probe(&options.probe, &caps);
-  if (status != ARBITER_OK) return record("probe failed: " + module_error(entry));
+  if (status != ARBITER_OK) {
+    if (info.footprint != nullptr) handles.push_back(std::move(handle));  // still sizes
+    return record("probe failed: " + module_error(entry));
+  }
   info.caps = caps;
   by_backend[static_cast<int>(*which.value)] = entry;
   index_of[static_cast<int>(*which.value)] = static_cast<int>(modules.size());

@@ -327,3 +327,82 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
   BOOST_TEST(contains(broken.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"),
              broken.output);
 }
+
+// arbiter footprint: what the workspaces cost per rank, from the modules'
+// own sizing, on a machine without the device; --budget fails when over.
+BOOST_AUTO_TEST_CASE(footprint_reports_each_backend_per_rank_and_checks_a_budget) {
+  const std::string cpu = "footprint --capability cpu --world-size 2 --hidden 7168 ";
+  CommandResult r = run_arbiter(cpu + "--max-tokens 1000 --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  Json j = JsonReader::parse(r.output);
+  BOOST_REQUIRE(j["workspaces"].kind == Json::Kind::kArray);
+  BOOST_REQUIRE(j["workspaces"].array.size() == 1u);
+  const Json& shm = j["workspaces"].array[0];
+  BOOST_TEST(shm["backend"].string == "shm");
+  BOOST_TEST(shm["known"].boolean);
+  BOOST_TEST(shm["device_bytes"].number == "0");
+  BOOST_TEST(shm["host_bytes"].number == "0");
+  // Two ranks share one /dev/shm object, which each maps whole.
+  const std::uint64_t shared = std::stoull(shm["shared_bytes"].number);
+  BOOST_TEST(shared > 0u);
+  BOOST_TEST(shared % 4096 == 0u);
+  BOOST_TEST(j["total_bytes"].number == shm["shared_bytes"].number);
+  BOOST_TEST((shm["largest_call_bytes"]["native"].kind == Json::Kind::kNull));  // any size
+  BOOST_TEST((j["within_budget"].kind == Json::Kind::kNull));
+
+  r = run_arbiter(cpu + "--budget 1GiB");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "  shm (fused, fallback, sized for "), r.output);
+  BOOST_TEST(contains(r.output, "total: "), r.output);
+  BOOST_TEST(contains(r.output, "budget 1 GiB"), r.output);
+
+  // Over the budget: exit 1, naming the backend and the excess.
+  r = run_arbiter(cpu + "--budget 64KiB");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "over --budget 64 KiB"), r.output);
+  BOOST_TEST(contains(r.output, "(shm "), r.output);
+  r = run_arbiter(cpu + "--budget 64KiB --json");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "\"within_budget\":false"), r.output);
+}
+
+BOOST_AUTO_TEST_CASE(footprint_counts_three_lamport_stages_for_trtllm_without_a_gpu) {
+  // Capability 100 at 4 ranks: trtllm fuses up to 32 MiB; its one
+  // peer-mapped allocation holds 3 one-shot stages of 4 slots of the cap.
+  const CommandResult r = run_arbiter(
+      "footprint --capability 100 --world-size 4 --hidden 7168 --max-tokens 8192 --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  const Json j = JsonReader::parse(r.output);
+  BOOST_TEST(j["fused_cap_bytes"].number == std::to_string(32u << 20));
+  bool saw_trtllm = false;
+  for (const Json& w : j["workspaces"].array) {
+    if (w["backend"].string != "trtllm" || !w["known"].boolean) continue;  // built without CUDA
+    saw_trtllm = true;
+    const std::uint64_t cap = 32u << 20;
+    BOOST_TEST(std::stoull(w["shared_bytes"].number) >= 3 * 4 * cap + 2 * cap);
+    BOOST_TEST(w["largest_call_bytes"]["oneshot"].number == std::to_string(cap));
+    BOOST_TEST(w["largest_call_bytes"]["native"].number == "0");
+  }
+  BOOST_TEST((saw_trtllm || contains(r.output, "no module found")), r.output);
+  if (contains(r.output, "\"nccl\"") && !contains(r.output, "no module found")) {
+    BOOST_TEST(contains(r.output, "NCCL's own buffers"), r.output);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(footprint_refuses_bad_input_with_the_flag_and_the_fix) {
+  const std::string cpu = "footprint --capability cpu --world-size 2 --hidden 7168 ";
+  CommandResult r = run_arbiter(cpu + "--budget lots");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  BOOST_TEST(contains(r.output, "--budget: "), r.output);
+  r = run_arbiter(cpu + "--preset no-such-preset");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "no-such-preset"), r.output);
+  r = run_arbiter("footprint --capability cpu --world-size 2");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  BOOST_TEST(contains(r.output, "--hidden H is required"), r.output);
+  // No backend takes 64 CPU ranks (shm stops at 63): nothing fits.
+  r = run_arbiter("footprint --capability cpu --world-size 64 --hidden 7168");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "no backend can hold this shape"), r.output);
+  BOOST_TEST(contains(r.output, "shm: refused: world size 64 is outside the 1..63"), r.output);
+}

@@ -93,6 +93,27 @@ struct Module {
                                 launch_twoshot, stream);
   }
 
+  // What workspace_create() allocates for `spec`, from the same layout
+  // (make_workspace_layout) that describe() sizes it with.
+  static Status footprint(const arbiter_workspace_spec& spec, arbiter_footprint* out) {
+    auto layout = make_workspace_layout(spec.world_size, spec.max_message_bytes, spec.dtype,
+                                        spec.max_tokens, spec.hidden);
+    if (!layout.ok()) return layout.status();
+    arbiter_footprint f{};
+    // One cuMem allocation that every peer maps (unicast) and the multicast
+    // object binds: 3 Lamport buffers (scatter + broadcast) and control.
+    f.shared_bytes = layout.value().total_bytes;
+    f.host_bytes = sizeof(std::uint32_t);  // the host-mapped abort flag
+    for (int a = 0; a < ARBITER_ALGORITHM_COUNT; ++a) {
+      f.max_message_bytes[a] = per_call_capacity(layout.value(), static_cast<arbiter_algorithm>(a));
+    }
+    f.note =
+        "the driver rounds the shared allocation up to its granularity (typically 2 MiB), "
+        "which a device-less count cannot know";
+    *out = f;
+    return Status();
+  }
+
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }
 
   static void abort(arbiter_workspace& ws) { ws.abort.raise(); }
@@ -106,3 +127,6 @@ extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arb
 extern "C" __attribute__((visibility("default")))
 const arbiter_backend_faults_v1_t arbiter_backend_v1_faults =
     arbiter::common::BackendEntries<arbiter::mnnvl::Module>::faults();
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_footprint_v1_t arbiter_backend_v1_footprint =
+    arbiter::common::BackendEntries<arbiter::mnnvl::Module>::footprint_table();

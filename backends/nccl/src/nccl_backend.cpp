@@ -679,6 +679,26 @@ void abi_abort(arbiter_workspace* ws) {
   }
 }
 
+// What workspace_create() allocates for `spec` (scratch_bytes_for, as it
+// sizes the scratch); NCCL's own buffers are NCCL's to report.
+int32_t abi_footprint(const arbiter_workspace_spec* spec, arbiter_footprint* out) {
+  if (spec == nullptr || out == nullptr) {
+    return report(error(ARBITER_INVALID_ARGUMENT, "footprint: spec and out must not be NULL"));
+  }
+  if (!known_dtype(spec->dtype)) {
+    return report(
+        error(ARBITER_UNSUPPORTED, "dtype " + std::to_string(spec->dtype) + " is not supported"));
+  }
+  arbiter_footprint f{};
+  f.device_bytes = scratch_bytes_for(*spec);                   // private: no peer maps it
+  f.max_message_bytes[ARBITER_ALGORITHM_NATIVE] = UINT64_MAX;  // larger calls run in chunks
+  f.note =
+      "NCCL's own buffers (its communicator's channels and proxy memory) are not counted: "
+      "see NCCL_BUFFSIZE and NCCL's documentation";
+  *out = f;
+  return ARBITER_OK;
+}
+
 const char* abi_last_error() { return t_last_error.c_str(); }
 
 }  // namespace
@@ -703,4 +723,11 @@ const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {
     1,
     ARBITER_MODULE_VERSION,
     abi_abort,
+};
+
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_footprint_v1_t arbiter_backend_v1_footprint = {
+    1,
+    0,
+    abi_footprint,
 };

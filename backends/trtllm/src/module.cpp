@@ -86,6 +86,29 @@ struct Module {
                                 launch_twoshot, stream);
   }
 
+  // What workspace_create() allocates for `spec`, from the same layout
+  // (make_workspace_layout) that prepare() allocates.
+  static Status footprint(const arbiter_workspace_spec& spec, arbiter_footprint* out) {
+    if (spec.nodes > 1) {
+      return Status(ARBITER_UNSUPPORTED, "the ranks span " + std::to_string(spec.nodes) +
+                                             " nodes; trtllm is single-node (use mnnvl or nccl)");
+    }
+    auto layout = make_workspace_layout(spec.world_size, spec.max_message_bytes, spec.dtype,
+                                        spec.max_tokens, spec.hidden);
+    if (!layout.ok()) return layout.status();
+    arbiter_footprint f{};
+    // One cudaMalloc that every peer maps through CUDA IPC: 3 Lamport
+    // stages of world size x slot, the two-shot scratch, flags, control.
+    f.shared_bytes = layout.value().total_bytes;
+    f.host_bytes = sizeof(std::uint32_t);  // the host-mapped abort flag
+    for (int a = 0; a < ARBITER_ALGORITHM_COUNT; ++a) {
+      f.max_message_bytes[a] = per_call_capacity(layout.value(), static_cast<arbiter_algorithm>(a));
+    }
+    f.note = "";
+    *out = f;
+    return Status();
+  }
+
   static void destroy(arbiter_workspace& ws) { destroy_workspace(ws); }
 
   static void abort(arbiter_workspace& ws) { ws.abort.raise(); }
@@ -99,3 +122,6 @@ extern "C" __attribute__((visibility("default"))) const arbiter_backend_v1_t arb
 extern "C" __attribute__((visibility("default")))
 const arbiter_backend_faults_v1_t arbiter_backend_v1_faults =
     arbiter::common::BackendEntries<arbiter::trtllm::Module>::faults();
+extern "C" __attribute__((visibility("default")))
+const arbiter_backend_footprint_v1_t arbiter_backend_v1_footprint =
+    arbiter::common::BackendEntries<arbiter::trtllm::Module>::footprint_table();

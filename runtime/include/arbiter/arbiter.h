@@ -87,8 +87,8 @@ typedef struct arbiter_comm_options {
   uint32_t nodes;         /* 0 is read as 1 */
   uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto) as the C++ and Python defaults */
   uint32_t multicast;     /* bool */
-  int32_t device;      /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
-  uint32_t max_tokens; /* the largest call; 0 (unknown): what the tables fuse */
+  int32_t device;         /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
+  uint32_t max_tokens;    /* the largest call; 0 (unknown): what the tables fuse */
   uint32_t hidden;
   arbiter_dtype dtype;
   /* The patterns calls will use: bit arbiter_pattern; 0: every pattern.
@@ -140,6 +140,26 @@ typedef struct arbiter_comm_info {
 
 /* Not collective; no allocation. */
 int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out);
+
+/* What one backend's workspace costs this rank, as its module sized it from
+ * the spec the workspace was made with (arbiter_backend_v1_footprint in
+ * arbiter_backend.h says what each figure counts). */
+typedef struct arbiter_comm_footprint {
+  int32_t backend; /* arbiter_backend (the policy's numbering) */
+  int32_t known;   /* 0: the module predates the footprint companion; figures 0 */
+  uint64_t device_bytes;
+  uint64_t host_bytes;
+  uint64_t shared_bytes; /* memory peers map too (/dev/shm, IPC, multicast) */
+  /* By arbiter_algorithm; 0: not offered; UINT64_MAX: any size. */
+  uint64_t max_message_bytes[3];
+  const char* note; /* what is not counted; "" when nothing; lives with comm */
+} arbiter_comm_footprint;
+
+/* Not collective; no allocation. `backend` must have a workspace
+ * (arbiter_comm_info.backend_mask), else ARBITER_UNSUPPORTED naming it,
+ * *out untouched. */
+int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
+                                   arbiter_comm_footprint* out);
 
 /* One fused all-reduce, decided by the policy; args->algorithm is ignored.
  * `used` (optional) gets the decision that ran. The buffers follow the

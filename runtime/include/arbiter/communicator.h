@@ -67,6 +67,7 @@
 #include <string>
 #include <vector>
 
+#include "arbiter/footprint.h"
 #include "arbiter/policy.h"
 #include "arbiter/registry.h"
 #include "arbiter_backend.h"
@@ -193,6 +194,12 @@ class Communicator {
   std::uint32_t patterns_of(Backend backend) const;
   // Whether the shared-GPU test mode was on at creation.
   bool shared_gpu_test() const;
+  // What each usable backend's workspace costs this rank (in Backend
+  // order), as its module sized it from the spec it was created with.
+  std::vector<WorkspaceFootprint> footprint() const;
+  // One backend's figure, kept for the communicator's life (backend.known
+  // false and backend kNone when it has no workspace).
+  const WorkspaceFootprint& footprint_of(Backend backend) const;
   // Why each backend the policy could choose was dropped, one line each.
   const std::vector<std::string>& dropped() const;
 

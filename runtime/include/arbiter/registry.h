@@ -37,6 +37,12 @@ struct ModuleInfo {
   // The module's registered-memory companion (ABI v2), or nullptr (a v1
   // module: every call copies its input into the workspace).
   const arbiter_backend_memory_v2_t* memory = nullptr;
+  // The module's footprint companion (arbiter_backend_v1_footprint), or
+  // nullptr. Set also when probe() failed: it sizes workspaces without a
+  // device, and the module's handle stays open while the Registry lives.
+  const arbiter_backend_footprint_v1_t* footprint = nullptr;
+  // The module's last_error(), for the footprint's refusals (with it).
+  const char* (*last_error)(void) = nullptr;
   // The system library the module runs on, when it has one: for nccl
   // "libnccl.so.2 2.28.3 (/path; how it was found)". Empty otherwise.
   std::string dependency;

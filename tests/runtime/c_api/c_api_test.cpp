@@ -186,6 +186,27 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   BOOST_TEST(info.world_size == 1);
   BOOST_TEST(std::string(arbiter_backend_name(3)) == "shm");
   BOOST_TEST(info.backend_mask == (1u << 3));
+  // One rank shares nothing: shm's workspace is private host memory, and it
+  // streams any message. A backend without a workspace is refused by name.
+  arbiter_comm_footprint figure{};
+  BOOST_REQUIRE_MESSAGE(arbiter_comm_get_footprint(comm, 3, &figure) == ARBITER_OK,
+                        arbiter_last_error());
+  BOOST_TEST(figure.backend == 3);
+  BOOST_TEST(figure.known == 1);
+  BOOST_TEST(figure.device_bytes == 0u);
+  BOOST_TEST(figure.shared_bytes == 0u);
+  BOOST_TEST(figure.host_bytes > 0u);
+  BOOST_TEST(figure.host_bytes % 4096 == 0u);
+  BOOST_TEST(figure.max_message_bytes[ARBITER_ALGORITHM_NATIVE] == UINT64_MAX);
+  BOOST_TEST(std::string(figure.note).empty());
+  arbiter_comm_footprint untouched{};
+  untouched.host_bytes = 7;
+  BOOST_TEST(arbiter_comm_get_footprint(comm, 2, &untouched) == ARBITER_UNSUPPORTED);
+  BOOST_TEST(
+      std::string(arbiter_last_error()).find("backend 2 has no workspace") != std::string::npos,
+      arbiter_last_error());
+  BOOST_TEST(untouched.host_bytes == 7u);
+  BOOST_TEST(arbiter_comm_get_footprint(nullptr, 3, &figure) == ARBITER_INVALID_ARGUMENT);
 
   std::vector<float> x = {1, -2, 3, -4, 5, -6, 7, -8}, residual(8, 1.0f), gamma(8, 2.0f);
   std::vector<float> residual_out(8), norm_out(8);

@@ -21,6 +21,7 @@
 // Prints "rank R: OK" and exits 0 when the mode's expectations hold.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -145,6 +146,18 @@ arbiter::CommunicatorOptions cpu_options(std::uint32_t max_tokens, std::uint32_t
   o.dtype = dtype;
   o.timeout = std::chrono::seconds(60);
   return o;
+}
+
+// Bytes of arbiter's /dev/shm objects this process maps (/proc/self/maps).
+std::uint64_t shm_bytes_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::uint64_t total = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/dev/shm/arbiter-shm-") == std::string::npos) continue;
+    unsigned long long begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &begin, &end) == 2) total += end - begin;
+  }
+  return total;
 }
 
 arbiter::Registry cpu_registry() {
@@ -434,6 +447,33 @@ int main(int argc, char** argv) try {
         return 1;
       }
     }
+  } else if (mode == "footprint") {
+    // The communicator's figure is what shm actually mapped: the /dev/shm
+    // object every rank maps whole, and nothing else.
+    arbiter::Communicator comm(*boot.oob(), policy, registry,
+                               cpu_options(1000, 7168, arbiter::Dtype::kBf16));
+    const std::vector<arbiter::WorkspaceFootprint> figures = comm.footprint();
+    const std::uint64_t mapped = shm_bytes_mapped();
+    std::string problem;
+    if (figures.size() != 1 || figures[0].backend != arbiter::Backend::kShm) {
+      problem = "expected one figure, for shm; got " + std::to_string(figures.size());
+    } else if (const arbiter::WorkspaceFootprint& f = figures[0]; !f.known) {
+      problem = "shm's footprint is unknown";
+    } else if (f.shared_bytes != mapped || f.device_bytes != 0 || f.host_bytes != 0) {
+      problem = "figure device " + std::to_string(f.device_bytes) + " host " +
+                std::to_string(f.host_bytes) + " shared " + std::to_string(f.shared_bytes) +
+                ", but " + std::to_string(mapped) + " bytes of /dev/shm are mapped";
+    } else if (f.max_message_bytes[0] != UINT64_MAX || f.max_message_bytes[2] != UINT64_MAX) {
+      problem = "shm streams any message, but its figure caps one";
+    } else if (comm.footprint_of(arbiter::Backend::kShm).shared_bytes != mapped ||
+               comm.footprint_of(arbiter::Backend::kNccl).known) {
+      problem = "footprint_of() disagrees with footprint()";
+    } else {
+      std::printf("[rank %d] footprint: shared %llu bytes, mapped %llu\n", boot.rank(),
+                  static_cast<unsigned long long>(f.shared_bytes),
+                  static_cast<unsigned long long>(mapped));
+    }
+    report("footprint", "shm", problem);
   } else if (mode == "fingerprint") {
     try {
       arbiter::Communicator comm(*boot.oob(), policy, registry,

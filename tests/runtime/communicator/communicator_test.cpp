@@ -189,3 +189,18 @@ BOOST_AUTO_TEST_CASE(registered_memory_gives_the_same_bits_and_refuses_misuse) {
   }
   BOOST_TEST(arbiter_shm_files() == before);
 }
+
+// What an operator budgets for is what a rank maps: the communicator's
+// figure for shm equals the bytes of the /dev/shm object each rank mapped.
+BOOST_AUTO_TEST_CASE(the_footprint_is_the_shared_memory_each_rank_maps) {
+  for (int ranks : {2, 3}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      const CommandResult r = launch(ranks, "footprint");
+      BOOST_TEST(r.exit_code == 0, r.output);
+      for (int k = 0; k < ranks; ++k) {
+        BOOST_TEST(contains(r.output, "[rank " + std::to_string(k) + "] footprint: shared "),
+                   r.output);
+      }
+    }
+  }
+}

@@ -53,7 +53,8 @@ std::int32_t guarded(std::string& last_error, const char* module, Body&& body) {
 //   void destroy(arbiter_workspace&);              (collective teardown)
 //   void abort(arbiter_workspace&);                (any thread; never blocks)
 // and faults() the companion (arbiter_backend_faults_v1_t) with the
-// module's build, ARBITER_MODULE_VERSION (backends/CMakeLists.txt).
+// module's build, ARBITER_MODULE_VERSION (backends/CMakeLists.txt), and
+// footprint_table() the footprint companion (see footprint() below).
 // Instantiate where arbiter_workspace is a complete type (Workspace is a
 // parameter only so that the allocation is checked there, not here).
 template <typename Impl, typename Workspace = arbiter_workspace>
@@ -123,6 +124,21 @@ struct BackendEntries {
     return arbiter_backend_faults_v1_t{1, ARBITER_MODULE_VERSION, &abort};
   }
 #endif
+
+  // The footprint companion's entry, for an Impl that also provides
+  //   Status footprint(const arbiter_workspace_spec&, arbiter_footprint*);
+  // (pure: no device, no driver; fills *out only when it succeeds).
+  static std::int32_t footprint(const arbiter_workspace_spec* spec, arbiter_footprint* out) {
+    return guarded(error(), Impl::kName, [&] {
+      if (spec == nullptr || out == nullptr) {
+        return fail(Status(ARBITER_INVALID_ARGUMENT, "footprint: spec and out must not be NULL"));
+      }
+      return fail(Impl::footprint(*spec, out));
+    });
+  }
+  static constexpr arbiter_backend_footprint_v1_t footprint_table() {
+    return arbiter_backend_footprint_v1_t{1, 0, &footprint};
+  }
 
   static constexpr arbiter_backend_v1_t table() {
     return arbiter_backend_v1_t{ARBITER_BACKEND_ABI_VERSION, Impl::kName, &probe,   &create,
