@@ -87,8 +87,8 @@ typedef struct arbiter_comm_options {
   uint32_t nodes;         /* 0 is read as 1 */
   uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto) as the C++ and Python defaults */
   uint32_t multicast;     /* bool */
-  int32_t device;      /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
-  uint32_t max_tokens; /* the largest call; 0 (unknown): what the tables fuse */
+  int32_t device;         /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
+  uint32_t max_tokens;    /* the largest call; 0 (unknown): what the tables fuse */
   uint32_t hidden;
   arbiter_dtype dtype;
   /* The patterns calls will use: bit arbiter_pattern; 0: every pattern.
@@ -144,7 +144,11 @@ int32_t arbiter_comm_get_info(const arbiter_comm* comm, arbiter_comm_info* out);
 /* One fused all-reduce, decided by the policy; args->algorithm is ignored.
  * `used` (optional) gets the decision that ran. The buffers follow the
  * backend ABI's rules (arbiter_backend.h), in-place use included: an output
- * may be exactly input or residual_in; other overlaps are refused. */
+ * may be exactly input or residual_in; other overlaps are refused.
+ * residual_in may be NULL for the norm patterns (a first block, no residual:
+ * residual_out, if given, gets the sum); the call then skips the backends
+ * whose module lacks ARBITER_CAPS_RESIDUAL_OPTIONAL, and if none is left it
+ * fails with ARBITER_UNSUPPORTED naming them. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
 /* Registered memory (docs/registered-buffers.md). Collective: every rank
