@@ -112,6 +112,10 @@ typedef struct arbiter_probe_args {
  * ARBITER_TEST_SHARED_GPU=1 is set (slow, correct: their kernels take turns).
  * In that mode the host creates no workspace of a module without it. */
 #define ARBITER_CAPS_SHARES_GPU (1u << 3)
+/* run() accepts residual_in == NULL for the norm patterns (a first block with
+ * no residual): the pre-norm value is then the sum alone. The host never
+ * passes NULL to a module without it; v1 modules from before it may refuse. */
+#define ARBITER_CAPS_RESIDUAL_OPTIONAL (1u << 4)
 
 /* What a module can run on this device: its admission rules. The tables can
  * only narrow this (a table never admits a shape the module cannot run). */
@@ -157,7 +161,9 @@ typedef struct arbiter_workspace arbiter_workspace; /* opaque, module-owned */
 /* One fused all-reduce. Buffers are device pointers for GPU backends, host
  * pointers for host backends; all hold tokens x hidden elements of dtype
  * unless noted. Required: input; allreduce_out for pattern allreduce;
- * residual_in and gamma for the norm patterns; norm_out for
+ * gamma for the norm patterns, and residual_in too unless the module sets
+ * ARBITER_CAPS_RESIDUAL_OPTIONAL (then NULL means no residual: x = sum, and
+ * residual_out, if given, receives the sum); norm_out for
  * residual_rmsnorm; quant_out and scale for the quantising patterns
  * (scale_out too for NVFP4). Everything else may be NULL and is then not
  * written. The norm patterns need eps finite and >= 0, weight_bias finite,
@@ -181,7 +187,7 @@ typedef struct arbiter_allreduce_args {
   const void* input;       /* this rank's contribution */
   void* allreduce_out;     /* the sum (required for pattern allreduce) */
   const void* residual_in; /* norm patterns */
-  void* residual_out;      /* norm patterns: sum + residual_in */
+  void* residual_out;      /* norm patterns: sum + residual_in (or the sum) */
   const void* gamma;       /* hidden elements of dtype */
   float eps;
   float weight_bias;  /* y = x * rsqrt(mean(x^2) + eps) * (gamma + weight_bias) */

@@ -94,7 +94,6 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
     return missing("allreduce_out (required for pattern allreduce)");
   }
   if (a.pattern != ARBITER_PATTERN_ALLREDUCE) {
-    if (a.residual_in == nullptr) return missing("residual_in");
     if (a.gamma == nullptr) return missing("gamma");
   }
   if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
@@ -137,7 +136,7 @@ std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
                           (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
     result.algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT) |
                             (1u << ARBITER_ALGORITHM_NATIVE);
-    result.flags = ARBITER_CAPS_SINGLE_NODE_ONLY;
+    result.flags = ARBITER_CAPS_SINGLE_NODE_ONLY | ARBITER_CAPS_RESIDUAL_OPTIONAL;
     *caps = result;
     return {};
   });

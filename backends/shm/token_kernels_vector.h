@@ -287,7 +287,9 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
     return;
   }
 
-  const B* const residual_in = static_cast<const B*>(args.residual_in) + base;
+  // NULL residual_in: no residual (a first block), x is the rounded sum.
+  const B* const residual_in =
+      args.residual_in ? static_cast<const B*>(args.residual_in) + base : nullptr;
   B* const residual_out = args.residual_out ? static_cast<B*>(args.residual_out) + base : nullptr;
   B* const norm_out = args.norm_out ? static_cast<B*>(args.norm_out) + base : nullptr;
   const B* const gamma = static_cast<const B*>(args.gamma);
@@ -295,32 +297,47 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   // Pass 1: sum, residual, sum of squares; x kept in `row`.
   F squares = Lanes::zero();
   std::uint32_t i = 0;
-  if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
-    i = residual_pairs<Lanes>(source, base, whole, residual_in, allreduce_out, residual_out, row,
-                              squares);
-  }
-  for (; i < whole; i += kBlock) {
-    const F residual = Lanes::load<kDtype>(residual_in + i);
-    const F unrounded_sum = block_sum<kDtype>(source, base + i);
-    const F sum = allreduce_out != nullptr
+  if (residual_in == nullptr) {
+    // No residual: x is the rounded sum, stored once per output asked for.
+    for (; i < whole; i += kBlock) {
+      const F unrounded_sum = block_sum<kDtype>(source, base + i);
+      const F x = allreduce_out != nullptr
                       ? Lanes::round_and_store<kDtype>(allreduce_out + i, unrounded_sum)
                       : Lanes::round<kDtype>(unrounded_sum);
-    const F unrounded_x = Lanes::add(sum, residual);
-    const F x = residual_out != nullptr
-                    ? Lanes::round_and_store<kDtype>(residual_out + i, unrounded_x)
-                    : Lanes::round<kDtype>(unrounded_x);
-    Lanes::store_f32(row + i, x);
-    squares = Lanes::add(squares, Lanes::mul(x, x));
+      if (residual_out != nullptr) Lanes::store_rounded<kDtype>(residual_out + i, x);
+      Lanes::store_f32(row + i, x);
+      squares = Lanes::add(squares, Lanes::mul(x, x));
+    }
+  } else {
+    if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
+      i = residual_pairs<Lanes>(source, base, whole, residual_in, allreduce_out, residual_out, row,
+                                squares);
+    }
+    for (; i < whole; i += kBlock) {
+      const F residual = Lanes::load<kDtype>(residual_in + i);
+      const F unrounded_sum = block_sum<kDtype>(source, base + i);
+      const F sum = allreduce_out != nullptr
+                        ? Lanes::round_and_store<kDtype>(allreduce_out + i, unrounded_sum)
+                        : Lanes::round<kDtype>(unrounded_sum);
+      const F unrounded_x = Lanes::add(sum, residual);
+      const F x = residual_out != nullptr
+                      ? Lanes::round_and_store<kDtype>(residual_out + i, unrounded_x)
+                      : Lanes::round<kDtype>(unrounded_x);
+      Lanes::store_f32(row + i, x);
+      squares = Lanes::add(squares, Lanes::mul(x, x));
+    }
   }
   float partial[kBlock];
   Lanes::spill<kDtype>(squares, partial);
   for (i = whole; i < hidden; ++i) {
-    const float residual = common::dtype_bits_to_float(residual_in[i], kDtype);
     const float sum = common::rounded_to<kDtype>(element_sum<kDtype>(source, base + i));
     if (allreduce_out != nullptr) {
       allreduce_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(sum));
     }
-    const float x = common::rounded_to<kDtype>(sum + residual);
+    const float x =
+        residual_in == nullptr
+            ? sum
+            : common::rounded_to<kDtype>(sum + common::dtype_bits_to_float(residual_in[i], kDtype));
     if (residual_out != nullptr)
       residual_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(x));
     row[i] = x;

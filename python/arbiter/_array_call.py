@@ -110,7 +110,8 @@ def _run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     if not comm._handle_value:
         raise _invalid("the communicator was closed")
     if pattern is None:
-        pattern = Pattern.ALLREDUCE if residual is None else Pattern.RESIDUAL_RMSNORM
+        no_norm = residual is None and weight is None
+        pattern = Pattern.ALLREDUCE if no_norm else Pattern.RESIDUAL_RMSNORM
     pattern = parse_pattern(pattern)
     if comm.device < 0 and stream is not None:
         raise _invalid("stream: this communicator runs on host memory; pass no stream")
@@ -130,17 +131,19 @@ def _run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     norm = pattern != Pattern.ALLREDUCE
     residual_at = gamma_at = flags = 0
     if norm:
-        if residual is None or weight is None:
-            raise _invalid(f"pattern {pattern.name.lower()} needs residual and weight")
-        rv = _borrow(comm, residual, "residual", handle, held)
-        _check(rv, "residual", (tokens, hidden), elements)
+        if weight is None:
+            raise _invalid(f"pattern {pattern.name.lower()} needs weight")
+        # residual None: a first block, no residual added (no zeros tensor).
+        rv = None if residual is None else _borrow(comm, residual, "residual", handle, held)
+        if rv is not None:
+            _check(rv, "residual", (tokens, hidden), elements)
         wv = _borrow(comm, weight, "weight", handle, held)
         _check(wv, "weight", (hidden,), elements)
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
             raise _invalid(f"eps {eps!r} must be finite and >= 0")
         if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
             raise _invalid(f"weight_bias {weight_bias!r} must be finite")
-        residual_at, gamma_at = rv.address, wv.address
+        residual_at, gamma_at = (0 if rv is None else rv.address), wv.address
         flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
     elif residual is not None or weight is not None:
         raise _invalid("pattern allreduce takes no residual or weight")

@@ -112,9 +112,10 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
     _check(x, "x", shape, dtype, device)
     name = _PATTERN_NAMES[code]
     if code:
-        if residual is None or weight is None:
-            raise _invalid(f"pattern {name} needs residual and weight")
-        _check(residual, "residual", shape, dtype, device)
+        if weight is None:
+            raise _invalid(f"pattern {name} needs weight")
+        if residual is not None:  # None: a first block, no residual added
+            _check(residual, "residual", shape, dtype, device)
         _check(weight, "weight", (hidden,), dtype, device)
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
             raise _invalid(f"eps {eps!r} must be finite and >= 0")

@@ -370,8 +370,10 @@ class Communicator:
         """One all-reduce of x (tokens, hidden) over the group, with residual
         add + RMSNorm (+FP8/NVFP4 quantisation) when residual and weight are
         given: residual_out = sum + residual, norm_out = rmsnorm(residual_out)
-        * (weight + weight_bias). The pattern defaults to "allreduce" without
-        residual and "residual_rmsnorm" with it; "residual_rmsnorm_fp8" needs
+        * (weight + weight_bias). residual=None with a weight is a first block:
+        no residual is added (residual_out = sum), no zeros tensor needed.
+        The pattern defaults to "allreduce" without residual and weight and
+        "residual_rmsnorm" with either; "residual_rmsnorm_fp8" needs
         `scale` (dequantisation scale: a float, or one float32 on the device).
 
         Outputs are new arrays (numpy, for host memory), or the arrays in

@@ -7,7 +7,7 @@ Communicator.op_handle, and writes only the outputs it declares mutated:
 
     torch.ops.arbiter.allreduce_fusion(
         comm.op_handle, pattern,                    # arbiter.Pattern as int
-        x, residual, weight,                        # inputs (residual, weight: None for allreduce)
+        x, residual, weight,                        # inputs (None for allreduce; residual None: first block)
         allreduce_out, residual_out, norm_out,      # outputs, Tensor(a!)? ...
         quant_out=None, scale_out=None, scale=None,
         eps=1e-6, weight_bias=0.0, residual_replicated=False) -> ()
@@ -167,7 +167,7 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     order): outputs not in `out` are new tensors on x's device (FP8
     quant_out as float8_e4m3fn, NVFP4's as uint8)."""
     if pattern is None:
-        code = 0 if residual is None else 1
+        code = 0 if residual is None and weight is None else 1
     elif type(pattern) is str and pattern in _PATTERNS:
         code = _PATTERNS[pattern]
     else:

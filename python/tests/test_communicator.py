@@ -288,6 +288,30 @@ def test_footprint_with_default_options_is_shm_private_memory():
         assert shm.note == ""
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_first_block_runs_the_norm_without_a_residual(dtype):
+    # residual=None with a weight: residual_rmsnorm of the sum alone, no zeros tensor.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype=dtype) as comm:
+        rng = np.random.default_rng(6)
+        x, weight = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 64), (64,)))
+        if dtype == "bf16":
+            x, weight = ((v.view(np.uint32) >> 16).astype(np.uint16) for v in (x, weight))
+        zeros = np.zeros_like(x)
+        ref = reference([as_float(x, dtype)], as_float(zeros, dtype), as_float(weight, dtype),
+                        dtype)
+        r = comm.allreduce_fusion(x, None, weight, eps=1e-5)
+        assert r.decision.backend == "shm"
+        assert np.array_equal(r.residual_out, x)  # the sum (one rank: x), bit for bit
+        got = as_float(r.norm_out, dtype)
+        assert np.all(np.abs(got - ref["norm"]) <= 2 * ref["norm_bound"])
+        # In place: residual_out over the input.
+        y = x.copy()
+        r2 = comm.allreduce_fusion(y, None, weight, eps=1e-5, out={"residual_out": y})
+        assert np.array_equal(y, x) and np.array_equal(r2.norm_out, r.norm_out)
+        with pytest.raises(arbiter.ArbiterError, match="pattern residual_rmsnorm needs weight"):
+            comm.allreduce_fusion(x, None, None, pattern="residual_rmsnorm")
+
+
 def test_a_pattern_no_backend_runs_is_refused_when_called():
     with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16") as comm:
         x = np.zeros((1, 64), dtype=np.uint16)

@@ -217,6 +217,29 @@ class Block(torch.nn.Module):
         return h * 2, quant.quant_out
 
 
+def test_the_first_block_needs_no_residual_eager_through_the_op_and_compiled(comm):
+    x, _, weight = inputs(seed=7)
+    _, norm_ref = reference(x, torch.zeros_like(x), weight)
+    r = comm.allreduce_fusion(x, None, weight)
+    assert torch.equal(r.residual_out, x)  # the sum (one rank: x)
+    assert_norm(r.norm_out, norm_ref)
+
+    def first_block(x, weight):  # in place as vLLM would: residual_out over the input
+        norm = torch.empty_like(x)
+        torch.ops.arbiter.allreduce_fusion(
+            comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM), x, None, weight,
+            None, x, norm, eps=1e-6)
+        return norm
+
+    y = x.clone()
+    eager = first_block(y, weight)
+    assert torch.equal(y, x) and torch.equal(eager, r.norm_out)
+    torch._dynamo.reset()
+    y = x.clone()
+    compiled = torch.compile(first_block, fullgraph=True)(y, weight)
+    assert torch.equal(y, x) and torch.equal(compiled, r.norm_out)
+
+
 def run_block(block, x, residual):
     residual = residual.clone()
     with torch.no_grad():

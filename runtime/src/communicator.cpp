@@ -263,6 +263,9 @@ struct Communicator::Impl {
   std::uint32_t usable = 0;
   // Patterns each backend's workspace runs (0 without one).
   std::array<std::uint32_t, kBackendCount> patterns{};
+  // Bit (1 << Backend): modules without ARBITER_CAPS_RESIDUAL_OPTIONAL on
+  // some rank. A norm call without residual_in is never sent to them.
+  std::uint32_t residual_required = 0;
   // Backends the policy might pick that have no workspace; after creation the
   // policy no longer allows them.
   std::uint32_t unusable_candidates = 0;
@@ -292,6 +295,10 @@ struct Communicator::Impl {
       : oob(o), tables_policy(p), policy(std::move(p)), options(opt) {}
 
   Request request_for(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
+  // A norm pattern called without residual_in (a first block).
+  static bool without_residual(const arbiter_allreduce_args& args) {
+    return args.pattern != ARBITER_PATTERN_ALLREDUCE && args.residual_in == nullptr;
+  }
   std::uint64_t capacity(Backend b, Algorithm algorithm) const;
   Decision decide(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   std::int32_t run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
@@ -417,6 +424,9 @@ void Communicator::Impl::create(const Registry& registry) {
       common_patterns[i] &= f.patterns[i];
       common_flags[i] &= f.flags[i];
     }
+  }
+  for (int i = 0; i < kBackendCount; ++i) {
+    if (!(common_flags[i] & ARBITER_CAPS_RESIDUAL_OPTIONAL)) residual_required |= 1u << i;
   }
   const Tables& t = policy.tables();
   const Backend fallback = this->fallback();
@@ -840,7 +850,9 @@ Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& 
                                                   void* stream) {
   Result result;
   {
-    std::uint32_t excluded = 0;
+    // A norm call without residual_in skips the modules that need one; the
+    // policy takes its next choice (refusal() says why, if none is left).
+    std::uint32_t excluded = without_residual(args) ? residual_required : 0;
     std::array<std::string, kBackendCount> declined;  // empty unless one declines
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
       const Decision d = decide(args, excluded);
@@ -905,6 +917,13 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
       result.status = ARBITER_UNSUPPORTED;
       result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
                      pattern_names(impl_->patterns[i]) + ")";
+      return result;
+    }
+    if (impl_->without_residual(args) && ((impl_->residual_required >> i) & 1u)) {
+      result.status = ARBITER_UNSUPPORTED;
+      result.error = name + " needs residual_in for " + pattern_label(p) +
+                     " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass a "
+                     "residual tensor, or run it on a backend that accepts none";
       return result;
     }
     arbiter_allreduce_args call_args = args;
@@ -991,6 +1010,10 @@ std::string Communicator::Impl::refusal(
     } else if (!((patterns[i] >> p) & 1u)) {
       out +=
           "does not run " + pname + " on this device (it runs " + pattern_names(patterns[i]) + ")";
+    } else if (without_residual(args) && ((residual_required >> i) & 1u)) {
+      out += "needs residual_in for " + pname +
+             " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass a residual "
+             "tensor, or load a module that accepts none";
     } else if (!declined[i].empty()) {
       out += "declined the call: " + declined[i];
     } else if ((excluded >> i) & 1u) {

@@ -350,6 +350,97 @@ std::string check_rank(int rank, const arbiter_oob& oob) {
   return "";
 }
 
+// Residual-free norm (residual_in NULL, ARBITER_CAPS_RESIDUAL_OPTIONAL):
+// the bits of the baseline epilogue given a residual of -0.0, which adds
+// nothing to any value (-0.0 + -0.0 is -0.0, so signed zeros survive too), on
+// every algorithm, plain and registered, with residual_out separate, NULL
+// (left untouched) or over the input (in place).
+std::string check_rank_residual_free(int rank, const arbiter_oob& oob) {
+  const auto& module = shm();
+  for (arbiter_dtype dtype : {ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16, ARBITER_DTYPE_FP32}) {
+    const std::size_t element = dtype_size(dtype);
+    const arbiter_workspace_spec spec =
+        make_spec(oob, dtype, std::uint64_t{kTokens} * kHidden * element);
+    arbiter_workspace* workspace = nullptr;
+    if (module.workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+      return std::string("workspace_create: ") + module.last_error();
+    }
+    std::vector<std::vector<std::byte>> inputs;
+    for (int r = 0; r < oob.size; ++r) inputs.push_back(input_of(dtype, r));
+    std::vector<std::byte> negative_zeros(inputs[rank].size());
+    for (std::size_t i = 0; i < std::size_t{kTokens} * kHidden; ++i) {
+      store_element(negative_zeros.data(), i, dtype, -0.0f);
+    }
+    std::vector<std::byte> gamma(std::size_t{kHidden} * element);
+    for (std::uint32_t i = 0; i < kHidden; ++i) store_element(gamma.data(), i, dtype, gamma_at(i));
+    const float scale = 0.02f;
+    const std::size_t bytes = inputs[rank].size();
+    void* area = nullptr;
+    if (shm_memory().alloc(workspace, bytes + 4096, &area) != ARBITER_OK) {
+      return std::string("alloc: ") + module.last_error();
+    }
+    std::byte* const registered = static_cast<std::byte*>(area) + 4096;
+    for (arbiter_pattern pattern :
+         {ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8}) {
+      Outputs want(dtype);
+      const arbiter_allreduce_args w =
+          args_for(dtype, pattern, ARBITER_ALGORITHM_ONESHOT, inputs[rank].data(), negative_zeros,
+                   gamma, scale, want);
+      std::vector<float> row(kHidden);
+      for (std::uint32_t t = 0; t < kTokens; ++t) {
+        for (std::uint32_t i = 0; i < kHidden; ++i) {
+          float sum = 0.0f;
+          for (const auto& in : inputs) sum += load_element(in.data(), t * kHidden + i, dtype);
+          row[i] = sum;
+        }
+        apply_epilogue_token(w, t, row.data());
+      }
+      for (arbiter_algorithm algorithm :
+           {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT, ARBITER_ALGORITHM_NATIVE}) {
+        for (const bool use_registered : {false, true}) {
+          for (const char* residual_out : {"separate", "NULL", "over the input"}) {
+            std::vector<std::byte> input = inputs[rank];
+            std::byte* const in = use_registered ? registered : input.data();
+            std::memcpy(in, inputs[rank].data(), bytes);
+            Outputs got(dtype);
+            arbiter_allreduce_args a =
+                args_for(dtype, pattern, algorithm, in, negative_zeros, gamma, scale, got);
+            a.residual_in = nullptr;
+            if (residual_out == std::string("NULL")) a.residual_out = nullptr;
+            if (residual_out == std::string("over the input")) a.residual_out = in;
+            const std::string where = std::string(dtype_name(dtype)) + " pattern " +
+                                      std::to_string(pattern) + " " + algorithm_name(algorithm) +
+                                      (use_registered ? " registered" : "") +
+                                      ", no residual, residual_out " + residual_out + ": ";
+            const std::int32_t code = use_registered
+                                          ? shm_memory().run_registered(workspace, &a, nullptr)
+                                          : module.run(workspace, &a, nullptr);
+            if (code != ARBITER_OK) return where + "run: " + module.last_error();
+            std::vector<std::byte> residual_bits = got.residual_out;
+            if (a.residual_out == in) residual_bits.assign(in, in + bytes);
+            const std::vector<std::byte> untouched(bytes);
+            for (const std::string& problem :
+                 {compare("allreduce_out", got.allreduce_out, want.allreduce_out),
+                  compare("residual_out", residual_bits,
+                          a.residual_out == nullptr ? untouched : want.residual_out),
+                  compare("norm_out", got.norm_out, want.norm_out)}) {
+              if (!problem.empty()) return where + problem;
+            }
+            if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8 && got.quant != want.quant) {
+              return where + "quant_out differs";
+            }
+          }
+        }
+      }
+    }
+    if (shm_memory().free(workspace, area) != ARBITER_OK) {
+      return std::string("free: ") + module.last_error();
+    }
+    module.workspace_destroy(workspace);
+  }
+  return "";
+}
+
 }  // namespace
 
 // Whether this CPU runs `level`, by the test the module makes.
@@ -399,6 +490,18 @@ BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_specia
       run_group(2, check_rank);
       run_group(3, check_rank);
       run_group(4, check_rank);
+    }
+  }
+  unsetenv("ARBITER_SHM_ISA");
+}
+
+BOOST_AUTO_TEST_CASE(no_residual_gives_the_bits_of_a_negative_zero_residual_on_every_level) {
+  for (const std::string level : {"scalar", "avx2", "avx512", "avx512bf16", "auto"}) {
+    BOOST_TEST_CONTEXT("ARBITER_SHM_ISA=" << level) {
+      if (!cpu_runs(level)) continue;  // its refusal is the test above's
+      setenv("ARBITER_SHM_ISA", level.c_str(), 1);
+      run_group(2, check_rank_residual_free);
+      run_group(3, check_rank_residual_free);
     }
   }
   unsetenv("ARBITER_SHM_ISA");

@@ -7,7 +7,7 @@
 // handles units of the row: a pack of kPack elements (16 bytes when the row
 // allows it, one element otherwise), or for NVFP4 one 16-element scale block
 // (two 16-byte packs), so that a thread quantises a block alone. Pass 1
-// writes residual_out = dtype(sum + residual_in) and sums its squares in
+// writes residual_out = dtype(sum + residual_in) (residual_in NULL: 0) and sums its squares in
 // fp32; pass 2 re-reads the stored x (the same thread's own stores, so no
 // barrier is needed) and writes the outputs. Reading and then writing the
 // same element from the same thread makes sum == residual_out and
@@ -119,7 +119,9 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
   for (std::size_t token = blockIdx.x; token < p.tokens; token += gridDim.x) {
     const std::size_t row = token * packs;
     const Vec* sum = static_cast<const Vec*>(p.sum) + row;
-    const Vec* residual_in = static_cast<const Vec*>(p.residual_in) + row;
+    // NULL residual_in (a first block): zeros are added, x = the sum.
+    const Vec* residual_in =
+        p.residual_in == nullptr ? nullptr : static_cast<const Vec*>(p.residual_in) + row;
     Vec* residual_out = static_cast<Vec*>(p.residual_out) + row;
     Vec* allreduce_out =
         p.allreduce_out == nullptr ? nullptr : static_cast<Vec*>(p.allreduce_out) + row;
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
       for (int j = 0; j < kUnitPacks; ++j) {
         const std::uint32_t i = u * kUnitPacks + j;
         const Vec s = sum[i];
-        const Vec r = residual_in[i];
+        const Vec r = residual_in != nullptr ? residual_in[i] : Vec{};
         if (allreduce_out != nullptr) allreduce_out[i] = s;
         Vec x;
 #pragma unroll

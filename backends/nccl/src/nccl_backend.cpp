@@ -222,7 +222,7 @@ int32_t probe_impl(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
   // NVFP4 also capability >= 100.
   caps->pattern_mask = patterns_for(capability);
   caps->algorithm_mask = 1u << ARBITER_ALGORITHM_NATIVE;
-  caps->flags = 0;
+  caps->flags = ARBITER_CAPS_RESIDUAL_OPTIONAL;
   return ARBITER_OK;
 }
 

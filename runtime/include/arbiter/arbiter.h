@@ -164,7 +164,11 @@ int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
 /* One fused all-reduce, decided by the policy; args->algorithm is ignored.
  * `used` (optional) gets the decision that ran. The buffers follow the
  * backend ABI's rules (arbiter_backend.h), in-place use included: an output
- * may be exactly input or residual_in; other overlaps are refused. */
+ * may be exactly input or residual_in; other overlaps are refused.
+ * residual_in may be NULL for the norm patterns (a first block, no residual:
+ * residual_out, if given, gets the sum); the call then skips the backends
+ * whose module lacks ARBITER_CAPS_RESIDUAL_OPTIONAL, and if none is left it
+ * fails with ARBITER_UNSUPPORTED naming them. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
 /* Registered memory (docs/registered-buffers.md). Collective: every rank

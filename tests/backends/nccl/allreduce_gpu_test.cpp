@@ -116,6 +116,7 @@ struct Case {
   bool linear_scales = false;      // NVFP4: linear scale factors, else 128x4 swizzled
   bool allreduce_out = false;      // norm patterns: also ask for the sum
   bool in_place_residual = false;  // residual_out == residual_in
+  bool no_residual = false;        // residual_in NULL: a first block, x = the sum
   bool norm_out = true;            // FP8 pattern: also ask for the norm
   bool pdl = false;
   bool misaligned = false;  // every buffer one element off 16 bytes
@@ -128,8 +129,9 @@ struct Case {
     std::ostringstream s;
     s << "pattern " << pattern << " dtype " << dtype << " tokens " << tokens << " hidden " << hidden
       << (weight_bias != 0.0f ? " gemma" : "") << (allreduce_out ? " +allreduce_out" : "")
-      << (in_place_residual ? " in-place" : "") << (norm_out ? "" : " no-norm_out")
-      << (pdl ? " pdl" : "") << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
+      << (in_place_residual ? " in-place" : "") << (no_residual ? " no-residual_in" : "")
+      << (norm_out ? "" : " no-norm_out") << (pdl ? " pdl" : "")
+      << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
     if (fp4()) s << (linear_scales ? " linear-scales" : " swizzled-scales");
     if (layout != nullptr) {
       s << " in-place layout " << (layout - arbiter::test::kInPlaceLayouts);
@@ -191,7 +193,7 @@ std::string check(const Case& c, const HostData& d, const Outputs& out) {
   rc.tokens = c.tokens;
   rc.hidden = c.hidden;
   for (const Bytes& in : d.inputs) rc.inputs.push_back(in.data());
-  rc.residual_in = d.residual.data();
+  rc.residual_in = c.no_residual ? nullptr : d.residual.data();
   rc.gamma = d.gamma.data();
   rc.eps = 1e-6f;
   rc.weight_bias = c.weight_bias;
@@ -298,7 +300,7 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
   a.input = input.get();
   a.allreduce_out = (!norm || c.allreduce_out) ? sum.get() : nullptr;
   if (norm) {
-    a.residual_in = residual.get();
+    a.residual_in = c.no_residual ? nullptr : residual.get();
     a.residual_out = c.in_place_residual ? residual.get() : residual_out.get();
     a.gamma = gamma.get();
     a.eps = 1e-6f;
@@ -486,6 +488,7 @@ std::vector<Case> sweep() {
           c.weight_bias = k % 3 == 1 ? 1.0f : 0.0f;
           c.allreduce_out = k % 4 == 1;
           c.in_place_residual = k % 4 == 2;
+          c.no_residual = k % 6 == 5;  // odd k: never in place over residual_in
           c.norm_out = k % 5 != 3;
           c.pdl = k % 2 == 1;
           c.misaligned = k % 7 == 4;
@@ -548,6 +551,7 @@ BOOST_AUTO_TEST_CASE(probe_reports_the_device, *utf::precondition(NeedsGpus{1}))
   BOOST_TEST(caps.pattern_mask == (caps.capability >= kMinNvfp4Capability ? kAllPatterns : kNoFp4));
   BOOST_TEST(caps.world_size_mask == arbiter::nccl::kWorldSizeMask);
   BOOST_TEST(((caps.world_size_mask >> 1) & 1u) == 1u);
+  BOOST_TEST((caps.flags & ARBITER_CAPS_RESIDUAL_OPTIONAL) != 0u);  // first blocks, no zeros
 }
 
 BOOST_AUTO_TEST_CASE(one_rank_matches_the_reference, *utf::precondition(NeedsGpus{1})) {

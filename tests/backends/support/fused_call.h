@@ -96,6 +96,7 @@ struct Call {
   float weight_bias = 0.0f;
   bool allreduce_out = false;  // norm patterns: also write the sum
   bool residual_out = true;    // norm patterns
+  bool residual_in = true;     // norm patterns; false: NULL (a first block)
   bool pdl = false;
   const char* inputs = "sweep";  // names the inputs in messages
 
@@ -130,6 +131,7 @@ struct Call {
       if (weight_bias != 0.0f) s << " weight_bias " << weight_bias;
       if (allreduce_out) s << " +allreduce_out";
       if (!residual_out) s << " no-residual_out";
+      if (!residual_in) s << " no-residual_in";
     }
     if (pdl) s << " pdl";
     s << " [" << inputs << " inputs]";

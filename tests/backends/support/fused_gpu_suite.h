@@ -340,7 +340,7 @@ class GroupRunner {
     a.input = in.inputs[rank];
     a.allreduce_out = c.writes_allreduce_out() ? b.allreduce_out.get() : nullptr;
     if (c.norm()) {
-      a.residual_in = in.residual;
+      a.residual_in = c.residual_in ? in.residual : nullptr;
       a.residual_out = c.writes_residual_out() ? b.residual_out.get() : nullptr;
       a.gamma = shared_.gamma.get();
       a.eps = kEps;
@@ -441,6 +441,7 @@ class GroupRunner {
       if (c.norm()) {
         c.allreduce_out = k % 3 == 1;
         c.residual_out = k % 4 != 2;
+        c.residual_in = k % 5 != 4;  // residual-free (ARBITER_CAPS_RESIDUAL_OPTIONAL)
       }
       c.pdl = k % 4 == 3;
       std::optional<Result> golden;
@@ -811,8 +812,9 @@ inline bool check_probe(const FusedSuite& suite, const arbiter_backend_v1_t& api
   ARBITER_CHECK(
       caps.algorithm_mask == 0x3u, "probe",
       "algorithm_mask 0x" << std::hex << caps.algorithm_mask << ", expected one-shot and two-shot");
-  ARBITER_CHECK((caps.flags & suite.flags_set) == suite.flags_set, "probe",
-                "flags 0x" << std::hex << caps.flags << " lack 0x" << suite.flags_set);
+  const std::uint32_t flags_set = suite.flags_set | ARBITER_CAPS_RESIDUAL_OPTIONAL;
+  ARBITER_CHECK((caps.flags & flags_set) == flags_set, "probe",
+                "flags 0x" << std::hex << caps.flags << " lack 0x" << flags_set);
   ARBITER_CHECK((caps.flags & suite.flags_clear) == 0, "probe",
                 "flags 0x" << std::hex << caps.flags << " hold 0x"
                            << (caps.flags & suite.flags_clear) << ", which " << suite.backend

@@ -234,6 +234,25 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
     BOOST_TEST(std::abs(norm_out[i] - (x[i] + 1) * inv_rms * 2) < 1e-5, i << ": " << norm_out[i]);
   }
 
+  // The first block: no residual_in, so x is the sum alone; residual_out
+  // gets the sum, here in place over the input.
+  std::vector<float> sum = x;
+  a.residual_in = nullptr;
+  a.input = sum.data();
+  a.residual_out = sum.data();
+  BOOST_REQUIRE_MESSAGE(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_OK,
+                        arbiter_last_error());
+  double plain_squares = 0;
+  for (int i = 0; i < 8; ++i) plain_squares += double(x[i]) * double(x[i]);
+  const double plain_inv_rms = 1.0 / std::sqrt(plain_squares / 8);
+  for (int i = 0; i < 8; ++i) {
+    BOOST_TEST(sum[i] == x[i]);
+    BOOST_TEST(std::abs(norm_out[i] - x[i] * plain_inv_rms * 2) < 1e-5, i << ": " << norm_out[i]);
+  }
+  a.input = x.data();
+  a.residual_in = residual.data();
+  a.residual_out = residual_out.data();
+
   std::vector<std::uint8_t> quant(4), scales(512);
   const float scale = 1.0f;
   a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;

@@ -91,6 +91,7 @@ struct Outcome {
 struct Call {
   Pattern pattern;
   std::uint32_t tokens;
+  bool residual = true;  // false: residual_in NULL (a first block)
 };
 
 Outcome run(const arbiter::Registry& registry, std::uint32_t pattern_mask,
@@ -127,7 +128,7 @@ Outcome run(const arbiter::Registry& registry, std::uint32_t pattern_mask,
           if (c.pattern == Pattern::kAllreduce) {
             a.allreduce_out = dummy.data();
           } else {
-            a.residual_in = dummy.data();
+            a.residual_in = c.residual ? dummy.data() : nullptr;
             a.gamma = dummy.data();
             a.residual_out = dummy.data();
             a.norm_out = dummy.data();
@@ -218,6 +219,56 @@ BOOST_AUTO_TEST_CASE(a_pattern_the_fused_backend_lacks_goes_to_the_fallback) {
   BOOST_TEST(fp4_runs("nccl") - before == 8);  // every rank
   // Other patterns keep the fused path.
   BOOST_TEST((o.results[1].decision.backend == Backend::kTrtllm && o.results[1].decision.fused));
+}
+
+// Flags of a recording module: 8 is ARBITER_CAPS_SHARES_GPU alone (a v1
+// module from before residual-free norm), 24 adds ARBITER_CAPS_RESIDUAL_OPTIONAL.
+static_assert(ARBITER_CAPS_SHARES_GPU == 8 && ARBITER_CAPS_RESIDUAL_OPTIONAL == 16);
+
+BOOST_AUTO_TEST_CASE(a_call_without_residual_skips_the_modules_that_need_one) {
+  const ScopedEnv trtllm("RECORDING_TRTLLM_FLAGS", "8");
+  const ScopedEnv mnnvl("RECORDING_MNNVL_FLAGS", "8");
+  const ScopedEnv nccl("RECORDING_NCCL_FLAGS", "16");
+  const arbiter::Registry registry = discover();
+  const Outcome o = run(registry, 0,
+                        {{Pattern::kResidualRmsnorm, kSmall, false},
+                         {Pattern::kResidualRmsnorm, kSmall, true},
+                         {Pattern::kAllreduce, kSmall, false}});
+  BOOST_REQUIRE_MESSAGE(o.creation_error.empty(), o.creation_error);
+  BOOST_REQUIRE_EQUAL(o.results.size(), 3u);
+  // No residual: trtllm (the tables' choice) never sees it; the fallback,
+  // which accepts it, runs the call on every rank.
+  BOOST_TEST(o.results[0].status == ARBITER_OK, o.results[0].error);
+  BOOST_TEST((o.results[0].decision.backend == Backend::kNccl));
+  BOOST_TEST(o.same_on_every_rank[0]);
+  // With a residual the same call is fused on trtllm as before.
+  BOOST_TEST(o.results[1].status == ARBITER_OK, o.results[1].error);
+  BOOST_TEST((o.results[1].decision.backend == Backend::kTrtllm));
+  // Plain all-reduce has no residual to miss.
+  BOOST_TEST((o.results[2].decision.backend == Backend::kTrtllm));
+}
+
+BOOST_AUTO_TEST_CASE(a_call_without_residual_no_module_accepts_is_refused_naming_each) {
+  const ScopedEnv trtllm("RECORDING_TRTLLM_FLAGS", "8");
+  const ScopedEnv mnnvl("RECORDING_MNNVL_FLAGS", "8");
+  const ScopedEnv nccl("RECORDING_NCCL_FLAGS", "0");
+  const arbiter::Registry registry = discover();
+  const Outcome o = run(
+      registry, 0,
+      {{Pattern::kResidualRmsnorm, kSmall, false}, {Pattern::kResidualRmsnormFp8, kLarge, false}});
+  BOOST_REQUIRE_MESSAGE(o.creation_error.empty(), o.creation_error);
+  BOOST_REQUIRE_EQUAL(o.results.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const std::string& e = o.results[i].error;
+    BOOST_TEST(o.results[i].status == ARBITER_UNSUPPORTED);
+    const std::string pattern = i == 0 ? "residual_rmsnorm" : "residual_rmsnorm_fp8";
+    BOOST_TEST(contains(e, "trtllm: needs residual_in for " + pattern +
+                               " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass "
+                               "a residual tensor"),
+               e);
+    BOOST_TEST(contains(e, "nccl: needs residual_in"), e);
+    BOOST_TEST(o.same_on_every_rank[i]);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_pattern_no_backend_runs_is_refused_and_creation_still_succeeds) {

@@ -2,7 +2,10 @@
  * so the communicator's dispatch can be checked on a CPU machine. Built once
  * per name (RECORDING_NAME: "mnnvl", "nccl", "trtllm"; RECORDING_FLAGS: its
  * caps flags); probe() claims a GPU of capability 103 (GB300) and every
- * pattern, or those of RECORDING_<NAME>_PATTERNS (a decimal mask) when set.
+ * pattern, or those of RECORDING_<NAME>_PATTERNS (a decimal mask) when set;
+ * RECORDING_<NAME>_FLAGS (decimal) replaces its caps flags. Without
+ * ARBITER_CAPS_RESIDUAL_OPTIONAL its run() refuses residual_in NULL for the
+ * norm patterns, as a v1 module from before that flag may.
  * Like a real module it refuses to be asked for a pattern its caps lack.
  * It has a faults companion whose build is RECORDING_BUILD and whose
  * abort() is counted. The counts are read through exported functions.
@@ -32,27 +35,31 @@ static atomic_uint g_asked; /* spec->pattern_mask of the last creation */
 static uint32_t g_patterns = 15;
 static char g_error[128];
 
-static uint32_t patterns_from_environment(void) {
+static uint32_t g_flags = RECORDING_FLAGS;
+
+/* RECORDING_<NAME><suffix> as a decimal number, or `otherwise` when unset. */
+static uint32_t number_from_environment(const char* suffix, uint32_t otherwise) {
   char variable[64] = "RECORDING_";
   size_t n = sizeof "RECORDING_" - 1;
   for (const char* c = RECORDING_NAME; *c && n + 1 < sizeof variable; ++c) {
     variable[n++] = (char)toupper((unsigned char)*c);
   }
-  snprintf(variable + n, sizeof variable - n, "_PATTERNS");
+  snprintf(variable + n, sizeof variable - n, "%s", suffix);
   const char* value = getenv(variable);
-  return value ? (uint32_t)strtoul(value, NULL, 10) : 15u;
+  return value ? (uint32_t)strtoul(value, NULL, 10) : otherwise;
 }
 
 static int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
   if (args->device_kind != ARBITER_DEVICE_GPU) return ARBITER_UNAVAILABLE;
-  g_patterns = patterns_from_environment();
+  g_patterns = number_from_environment("_PATTERNS", 15u);
+  g_flags = number_from_environment("_FLAGS", RECORDING_FLAGS);
   caps->device_kind = ARBITER_DEVICE_GPU;
   caps->capability = 103;
   caps->world_size_mask = ~(uint64_t)1;
   caps->dtype_mask = 7;
   caps->pattern_mask = g_patterns;
   caps->algorithm_mask = 7;
-  caps->flags = RECORDING_FLAGS;
+  caps->flags = g_flags;
   return ARBITER_OK;
 }
 
@@ -60,8 +67,10 @@ static int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec
                       arbiter_workspace** out) {
   /* As the fused modules do: a workspace is sized by these. */
   if (spec->max_tokens == 0 || spec->hidden == 0 || spec->max_message_bytes == 0) {
-    snprintf(g_error, sizeof g_error, "%s: max_tokens %u, hidden %u and max_message_bytes %llu "
-             "must all be > 0", RECORDING_NAME, spec->max_tokens, spec->hidden,
+    snprintf(g_error, sizeof g_error,
+             "%s: max_tokens %u, hidden %u and max_message_bytes %llu "
+             "must all be > 0",
+             RECORDING_NAME, spec->max_tokens, spec->hidden,
              (unsigned long long)spec->max_message_bytes);
     return ARBITER_INVALID_ARGUMENT;
   }
@@ -97,6 +106,11 @@ static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, vo
   const char* block_at = getenv("RECORDING_BLOCK_AT");
   if (block_at != NULL && atomic_fetch_add(&g_run_count, 1) == strtol(block_at, NULL, 10)) {
     return wait_for_abort();
+  }
+  if (args->pattern != ARBITER_PATTERN_ALLREDUCE && args->residual_in == NULL &&
+      !(g_flags & ARBITER_CAPS_RESIDUAL_OPTIONAL)) {
+    snprintf(g_error, sizeof g_error, "%s: residual_in is NULL", RECORDING_NAME);
+    return ARBITER_INVALID_ARGUMENT;
   }
   if (args->pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) atomic_fetch_add(&g_fp4_runs, 1);
   atomic_fetch_add(&g_runs[args->algorithm], 1);

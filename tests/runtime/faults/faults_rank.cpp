@@ -332,6 +332,9 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
        true, 4},
       {"residual_out given on one rank only",
        [](arbiter_allreduce_args& a, Buffers&) { a.residual_out = nullptr; }, true, 4},
+      // Legal on every rank alike (a first block), a mismatch on one.
+      {"residual_in given on one rank only",
+       [](arbiter_allreduce_args& a, Buffers&) { a.residual_in = nullptr; }, true, 4},
       {"hidden 1024 vs 512", [](arbiter_allreduce_args& a, Buffers&) { a.hidden = 512; }, false, 4},
       {"dtype fp32 vs bf16",
        [](arbiter_allreduce_args& a, Buffers&) { a.dtype = ARBITER_DTYPE_BF16; }, false, 4},

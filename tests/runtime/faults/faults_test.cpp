@@ -295,6 +295,7 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
       {"eps 1e-6 vs 1e-2", "eps: "},
       {"pattern (residual given on one rank only)", "pattern: "},
       {"residual_out given on one rank only", "the buffers given: "},
+      {"residual_in given on one rank only", "the buffers given: "},
       {"hidden 1024 vs 512", "hidden: "},
       {"dtype fp32 vs bf16", "dtype: "},
       {"input registered vs ordinary memory", "the input's memory: ", true},

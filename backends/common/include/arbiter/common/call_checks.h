@@ -133,7 +133,6 @@ inline Status check_call_buffers(const arbiter_allreduce_args& a) {
   if (pattern == ARBITER_PATTERN_ALLREDUCE) {
     if (a.allreduce_out == nullptr) return null("allreduce_out", " (pattern allreduce)");
   } else {
-    if (a.residual_in == nullptr) return null("residual_in", " (norm patterns)");
     if (a.gamma == nullptr) return null("gamma", " (norm patterns)");
   }
   if (pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM && a.norm_out == nullptr) {

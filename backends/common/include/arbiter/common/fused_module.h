@@ -65,7 +65,7 @@ inline arbiter_backend_caps fused_gpu_caps(std::uint32_t capability, const char*
     caps.pattern_mask |= 1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4;
   }
   caps.algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT);
-  caps.flags = flags | ARBITER_CAPS_SHARES_GPU;
+  caps.flags = flags | ARBITER_CAPS_SHARES_GPU | ARBITER_CAPS_RESIDUAL_OPTIONAL;
   return caps;
 }
 

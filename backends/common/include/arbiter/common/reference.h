@@ -105,7 +105,10 @@ inline ReferenceOutputs compute_reference(const ReferenceCase& c) {
     double squares = 0.0;
     double perturbation = 0.0;  // how much the implementation's sum of squares may move
     for (std::uint32_t i = 0; i < c.hidden; ++i) {
-      const double x = out.sum[base + i] + load_element(c.residual_in, base + i, c.dtype);
+      // NULL residual_in: no residual, x is the sum alone.
+      const double residual =
+          c.residual_in != nullptr ? load_element(c.residual_in, base + i, c.dtype) : 0.0;
+      const double x = out.sum[base + i] + residual;
       const double bound = out.sum_bound[base + i] + (ud + u32) * std::fabs(x) + tiny;
       out.residual[base + i] = x;
       out.residual_bound[base + i] = bound;

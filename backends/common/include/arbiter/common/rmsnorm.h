@@ -110,7 +110,8 @@ ARBITER_HD ARBITER_HOST_INLINE inline float rounded_to(float value) {
 // Applies the epilogue of args.pattern to token `token`, writing every output
 // args names (NULL outputs are skipped). `row` holds the token's hidden fp32
 // sums on entry and is used as scratch.
-// REQUIRES: host-visible buffers; norm patterns need residual_in and gamma,
+// REQUIRES: host-visible buffers; norm patterns need gamma (residual_in NULL:
+// no residual),
 // FP8/NVFP4 need quant_out and scale, NVFP4 needs scale_out and hidden % 16 == 0.
 template <arbiter_dtype kDtype>
 ARBITER_HD ARBITER_HOST_INLINE inline void apply_epilogue_token_as(
@@ -130,7 +131,9 @@ ARBITER_HD ARBITER_HOST_INLINE inline void apply_epilogue_token_as(
     }
     return;
   }
-  const Bits* const residual_in = static_cast<const Bits*>(args.residual_in) + base;
+  // NULL residual_in: no residual (a first block), x is the sum alone.
+  const Bits* const residual_in =
+      args.residual_in ? static_cast<const Bits*>(args.residual_in) + base : nullptr;
   Bits* const residual_out =
       args.residual_out ? static_cast<Bits*>(args.residual_out) + base : nullptr;
   Bits* const norm_out = args.norm_out ? static_cast<Bits*>(args.norm_out) + base : nullptr;
@@ -138,13 +141,22 @@ ARBITER_HD ARBITER_HOST_INLINE inline void apply_epilogue_token_as(
 
   // Each element's residual is loaded before any output of it is stored
   // (same iteration), and each loop is a plain pass the compiler vectorises.
-  for (std::uint32_t i = 0; i < hidden; ++i) {
-    const float residual = dtype_bits_to_float(residual_in[i], dtype);
-    const float sum = rounded_to<kDtype>(row[i]);
-    if (allreduce_out != nullptr) {
-      allreduce_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(sum));
+  if (residual_in != nullptr) {
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      const float residual = dtype_bits_to_float(residual_in[i], dtype);
+      const float sum = rounded_to<kDtype>(row[i]);
+      if (allreduce_out != nullptr) {
+        allreduce_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(sum));
+      }
+      row[i] = rounded_to<kDtype>(sum + residual);
     }
-    row[i] = rounded_to<kDtype>(sum + residual);
+  } else {
+    for (std::uint32_t i = 0; i < hidden; ++i) {
+      row[i] = rounded_to<kDtype>(row[i]);
+      if (allreduce_out != nullptr) {
+        allreduce_out[i] = static_cast<Bits>(to_storage_bits<kDtype>(row[i]));
+      }
+    }
   }
   if (residual_out != nullptr) {
     for (std::uint32_t i = 0; i < hidden; ++i) {

@@ -150,7 +150,6 @@ inline Status check_call(const CallRules& w, const arbiter_allreduce_args& a) {
   }
   if (fp4) return common::check_call_buffers(a);
 
-  if (a.residual_in == nullptr) return null("residual_in");
   if (a.gamma == nullptr) return null("gamma");
   if (p == ARBITER_PATTERN_RESIDUAL_RMSNORM && a.norm_out == nullptr) {
     return null("norm_out", " (residual_rmsnorm writes its norm there)");

@@ -58,8 +58,11 @@ __device__ inline void apply_epilogue(const EpilogueParams& p, std::uint32_t tok
     if (lane.active) {
       // The residual is loaded before any output of this vector is stored:
       // every output may be residual_in itself (aliasing.h). This thread is
-      // the only one that touches the vector.
-      const uint4 r_bits = load_vector(static_cast<const char*>(p.residual_in) + offset);
+      // the only one that touches the vector. No residual_in (a first
+      // block): zeros, so x is the (sanitised, never -0.0) sum.
+      const uint4 r_bits = p.residual_in != nullptr
+                               ? load_vector(static_cast<const char*>(p.residual_in) + offset)
+                               : make_uint4(0u, 0u, 0u, 0u);
       if (p.allreduce_out != nullptr) {
         store_vector(static_cast<char*>(p.allreduce_out) + offset, s_bits);
       }
