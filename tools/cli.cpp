@@ -92,6 +92,9 @@ void add_request_options(po::options_description& desc, bool with_size) {
   add("dtype", po::value<std::string>()->default_value("bf16"), "fp16 | bf16 | fp32");
   add("pattern", po::value<std::string>()->default_value("residual_rmsnorm"),
       "allreduce | residual_rmsnorm | residual_rmsnorm_fp8 | residual_rmsnorm_fp4");
+  add("residual-replicated", po::bool_switch(),
+      "every rank passes the same residual (a residual pattern's "
+      "ARBITER_RUN_RESIDUAL_REPLICATED)");
   if (with_size) {
     add("bytes", po::value<std::string>(),
         "per-rank message size: 524288, 512KiB, 64MiB (a plain number is bytes)");
@@ -137,6 +140,12 @@ Request read_request(const po::variables_map& vm, bool with_size) {
   Parsed<Pattern> pattern = parse_pattern(vm["pattern"].as<std::string>());
   if (!pattern) throw UsageError{"--pattern: " + pattern.error};
   r.pattern = *pattern.value;
+  r.residual_replicated = vm["residual-replicated"].as<bool>();
+  if (r.residual_replicated && r.pattern == Pattern::kAllreduce) {
+    throw UsageError{
+        "--residual-replicated: pattern allreduce has no residual; drop the flag or give a "
+        "residual pattern such as --pattern residual_rmsnorm"};
+  }
   if (!with_size) return r;
 
   const bool bytes = vm.count("bytes") > 0;
@@ -172,6 +181,7 @@ std::string describe_topology(const Request& r) {
     if (r.multicast) s += ", multicast";
   }
   s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern));
+  if (r.residual_replicated) s += ", residual replicated";
   return s;
 }
 

@@ -37,7 +37,8 @@ void add_config_option(po::options_description& desc);
 std::optional<Policy> load_policy(const po::variables_map& vm);
 
 // Adds the request flags: --capability, --world-size, --nodes,
-// --nvlink-domain, --no-nvlink, --multicast, --dtype, --pattern, and when
+// --nvlink-domain, --no-nvlink, --multicast, --dtype, --pattern,
+// --residual-replicated, and when
 // with_size, --bytes / --tokens / --hidden.
 void add_request_options(po::options_description& desc, bool with_size);
 

@@ -8,6 +8,7 @@
 // (all such counts decide alike). Within each, sizes are compared band by
 // band, so the comparison is exact, not sampled.
 #include <algorithm>
+#include <array>
 #include <iostream>
 #include <map>
 #include <set>
@@ -140,8 +141,10 @@ int cmd_diff(const Args& args) {
       if (nodes > 1 || !cap.is_cpu()) topologies.push_back({nodes, true});
     }
     for (auto [nodes, multicast] : topologies) {
-      // Same differences -> the (pattern, dtype) pairs that share them.
-      std::map<std::string, std::map<int, std::set<int>>> groups;
+      // Same differences -> the (pattern, dtype) pairs that share them;
+      // [1]: calls with a replicated residual, listed only where their
+      // differences are not those of the same call without it.
+      std::array<std::map<std::string, std::map<int, std::set<int>>>, 2> groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
         for (int dt = 0; dt < kDtypeCount; ++dt) {
           Request r;
@@ -153,24 +156,35 @@ int cmd_diff(const Args& args) {
           r.pattern = static_cast<Pattern>(pt);
           r.dtype = static_cast<Dtype>(dt);
           const std::vector<Difference> diffs = compare(a, b, r, to);
-          if (!diffs.empty()) groups[describe(diffs, to)][pt].insert(dt);
+          const std::string text = diffs.empty() ? std::string() : describe(diffs, to);
+          if (!diffs.empty()) groups[0][text][pt].insert(dt);
+          if (r.pattern == Pattern::kAllreduce) continue;
+          r.residual_replicated = true;
+          const std::vector<Difference> replicated = compare(a, b, r, to);
+          const std::string replicated_text =
+              replicated.empty() ? std::string() : describe(replicated, to);
+          if (replicated_text != text) {
+            groups[1][replicated.empty() ? "  no difference\n" : replicated_text][pt].insert(dt);
+          }
         }
       }
-      for (const auto& [text, by_pattern] : groups) {
-        // Collapse patterns that share the same dtype set.
-        std::map<std::set<int>, std::set<int>> by_dtypes;
-        for (const auto& [pt, dts] : by_pattern) by_dtypes[dts].insert(pt);
-        for (const auto& [dts, pts] : by_dtypes) {
-          ++differing;
-          std::cout << "capability " << capability_name(cap) << ", world size " << ws << ", "
-                    << nodes << (nodes == 1 ? " node" : " nodes")
-                    << (nodes > 1 ? " (NVLink domain, multicast)"
-                                  : (multicast ? " (multicast)" : ""))
-                    << ", " << names_text(pts, kPatternCount, true) << ", "
-                    << names_text(dts, kDtypeCount, false) << ":\n"
-                    << text;
+      for (int rep = 0; rep < 2; ++rep)
+        for (const auto& [text, by_pattern] : groups[rep]) {
+          // Collapse patterns that share the same dtype set.
+          std::map<std::set<int>, std::set<int>> by_dtypes;
+          for (const auto& [pt, dts] : by_pattern) by_dtypes[dts].insert(pt);
+          for (const auto& [dts, pts] : by_dtypes) {
+            ++differing;
+            std::cout << "capability " << capability_name(cap) << ", world size " << ws << ", "
+                      << nodes << (nodes == 1 ? " node" : " nodes")
+                      << (nodes > 1 ? " (NVLink domain, multicast)"
+                                    : (multicast ? " (multicast)" : ""))
+                      << ", " << names_text(pts, kPatternCount, true) << ", "
+                      << names_text(dts, kDtypeCount, false) << (rep ? ", residual replicated" : "")
+                      << ":\n"
+                      << text;
+          }
         }
-      }
     }
   }
   if (differing == 0) {

@@ -24,11 +24,12 @@ void CellIndex::build(const std::vector<Cell>& sorted_cells) {
     const std::uint8_t slot = slot_of_capability[c.key.capability.code() & 0xFF];
     Span& s = spans[slot * stride + c.key.world_size];
     if (s.begin == s.end) s.begin = s.end = static_cast<std::uint32_t>(cells.size());
-    cells.push_back(
-        CompiledCell{c.max_bytes, c.key.nodes,
-                     c.key.pattern ? static_cast<std::uint8_t>(*c.key.pattern) : CompiledCell::kAny,
-                     c.key.dtype ? static_cast<std::uint8_t>(*c.key.dtype) : CompiledCell::kAny,
-                     c.off, c.origin});
+    cells.push_back(CompiledCell{
+        c.max_bytes, c.key.nodes,
+        c.key.pattern ? static_cast<std::uint8_t>(*c.key.pattern) : CompiledCell::kAny,
+        c.key.dtype ? static_cast<std::uint8_t>(*c.key.dtype) : CompiledCell::kAny,
+        c.key.residual ? static_cast<std::uint8_t>(*c.key.residual) : CompiledCell::kAny, c.off,
+        c.origin});
     s.end = static_cast<std::uint32_t>(cells.size());
   }
 }
@@ -44,6 +45,7 @@ Request request_for(Capability cap, std::uint32_t ws, std::uint32_t sig) {
   r.dtype = static_cast<Dtype>((sig >> 2) & 3u);
   r.pattern = static_cast<Pattern>((sig >> 4) & 3u);
   r.nodes = (sig >> 6) & 1u ? 2 : 1;
+  r.residual_replicated = (sig >> 7) & 1u;
   return r;
 }
 
@@ -83,7 +85,12 @@ Route route_for(const Compiled& c, const Request& r) {
         two.algorithm = one.algorithm = Algorithm::kNative;
         break;
       case AlgorithmRule::kThreshold:
-        route.oneshot_below = rules.oneshot_max_total / r.world_size + 1;
+        if (const CompiledCell* cell = cpu_oneshot_cell(c, r)) {
+          route.oneshot_below = cell->max_bytes + 1;
+          two.oneshot_origin = one.oneshot_origin = cell->origin;
+        } else {
+          route.oneshot_below = rules.oneshot_max_total / r.world_size + 1;
+        }
         break;
       case AlgorithmRule::kOneshotTable:
         if (const CompiledCell* cell = c.oneshot.find(r)) {
@@ -197,6 +204,8 @@ void cell_text(std::string& s, char table, const Cell& c) {
        ' ' + std::to_string(c.key.nodes) + ' ' +
        (c.key.pattern ? std::to_string(static_cast<int>(*c.key.pattern)) : "*") + ' ' +
        (c.key.dtype ? std::to_string(static_cast<int>(*c.key.dtype)) : "*") + ' ' +
+       // Only when keyed, so tables without the key keep their fingerprint.
+       (c.key.residual ? "residual " + std::string(residual_name(*c.key.residual)) + ' ' : "") +
        (c.off ? "off" : std::to_string(c.max_bytes)) + '\n';
 }
 

@@ -20,9 +20,10 @@ namespace arbiter::detail {
 
 struct CompiledCell {
   std::uint64_t max_bytes;
-  std::uint32_t nodes;   // 0: any
-  std::uint8_t pattern;  // kAny: any
-  std::uint8_t dtype;    // kAny: any
+  std::uint32_t nodes;    // 0: any
+  std::uint8_t pattern;   // kAny: any
+  std::uint8_t dtype;     // kAny: any
+  std::uint8_t residual;  // kAny: any; else matches residual patterns only
   bool off;
   std::uint16_t origin;
   static constexpr std::uint8_t kAny = 0xFF;
@@ -30,7 +31,9 @@ struct CompiledCell {
   bool matches(const Request& r) const {
     return (nodes == 0 || nodes == r.nodes) &&
            (pattern == kAny || pattern == static_cast<std::uint8_t>(r.pattern)) &&
-           (dtype == kAny || dtype == static_cast<std::uint8_t>(r.dtype));
+           (dtype == kAny || dtype == static_cast<std::uint8_t>(r.dtype)) &&
+           (residual == kAny || (r.pattern != Pattern::kAllreduce &&
+                                 residual == static_cast<std::uint8_t>(r.residual_replicated)));
   }
 };
 
@@ -116,6 +119,13 @@ struct Compiled {
     return Ineligible::kEligible;
   }
 };
+
+// A threshold backend on CPU ranks (shm) takes a matching `oneshot:` cell of
+// capability cpu before its oneshot_max_total: cpu cells have no other
+// reader, while GPU cells hold trtllm's caps, which say nothing of mnnvl.
+inline const CompiledCell* cpu_oneshot_cell(const Compiled& c, const Request& r) {
+  return r.capability.is_cpu() ? c.oneshot.find(r) : nullptr;
+}
 
 // Compiles merged, validated tables.
 void compile(Compiled& out);

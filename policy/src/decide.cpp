@@ -39,6 +39,13 @@ void explain_algorithm(const Compiled& c, const Request& r, Backend b, Decision&
       }
       break;
     case AlgorithmRule::kThreshold: {
+      if (const CompiledCell* cell = detail::cpu_oneshot_cell(c, r)) {
+        const bool one = r.message_bytes <= cell->max_bytes;
+        d.algorithm = one ? Algorithm::kOneshot : Algorithm::kTwoshot;
+        d.oneshot_origin = cell->origin;
+        record(d, Rule::kOneshotCell, b, one, cell->origin, r.message_bytes, cell->max_bytes);
+        break;
+      }
       const std::uint64_t total = r.message_bytes * r.world_size;
       const bool one = total <= rules.oneshot_max_total;
       d.algorithm = one ? Algorithm::kOneshot : Algorithm::kTwoshot;

@@ -20,7 +20,11 @@ bool CellKey::overlaps(const CellKey& o) const {
   return capability == o.capability && world_size == o.world_size &&
          (nodes == 0 || o.nodes == 0 || nodes == o.nodes) &&
          (!pattern || !o.pattern || *pattern == *o.pattern) &&
-         (!dtype || !o.dtype || *dtype == *o.dtype);
+         (!dtype || !o.dtype || *dtype == *o.dtype) &&
+         (!residual || !o.residual || *residual == *o.residual) &&
+         // A residual key never matches allreduce, which has no residual.
+         !(residual && o.pattern == Pattern::kAllreduce) &&
+         !(o.residual && pattern == Pattern::kAllreduce);
 }
 
 std::string CellKey::to_string() const {
@@ -29,6 +33,7 @@ std::string CellKey::to_string() const {
   if (nodes != 0) s += ", nodes " + std::to_string(nodes);
   if (pattern) s += ", pattern " + std::string(pattern_name(*pattern));
   if (dtype) s += ", dtype " + std::string(dtype_name(*dtype));
+  if (residual) s += ", residual " + std::string(residual_name(*residual));
   return s;
 }
 
@@ -366,7 +371,8 @@ class Merger {
         const bool covers = f.key.capability == o.key.capability &&
                             f.key.world_size == o.key.world_size && f.key.nodes == 0 &&
                             (!f.key.pattern || f.key.pattern == o.key.pattern) &&
-                            (!f.key.dtype || f.key.dtype == o.key.dtype);
+                            (!f.key.dtype || f.key.dtype == o.key.dtype) &&
+                            (!f.key.residual || f.key.residual == o.key.residual);
         if (covers && (!covering || f.key.specificity() > covering->key.specificity())) {
           covering = &f;
         }

@@ -82,8 +82,9 @@ std::string request_text(const Request& r) {
     s += r.nvlink_domain ? ", NVLink domain" : ", no NVLink domain";
     s += r.multicast ? ", multicast" : ", no multicast";
   }
-  s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern)) +
-       ", " + std::to_string(r.message_bytes) + " bytes";
+  s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern));
+  if (r.residual() == Residual::kReplicated) s += ", residual replicated";
+  s += ", " + std::to_string(r.message_bytes) + " bytes";
   if (r.tokens != 0) {
     s += " (" + std::to_string(r.tokens) + " tokens x " + std::to_string(r.hidden) + ")";
   }
@@ -217,6 +218,7 @@ std::string Policy::decision_json(const Request& request, const Decision& decisi
     q.boolean("multicast", request.multicast);
     q.str("dtype", dtype_name(request.dtype));
     q.str("pattern", pattern_name(request.pattern));
+    q.boolean("residual_replicated", request.residual_replicated);
     q.num("bytes", request.message_bytes);
     if (request.tokens)
       q.num("tokens", request.tokens);

@@ -422,8 +422,10 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
             "write - {capability: 90, world_size: 2, max: 64}");
     return;
   }
-  static const Keys kFusionKeys = {"capability", "world_size", "nodes", "pattern", "dtype", "max"};
-  static const Keys kOneshotKeys = {"capability", "world_size", "pattern", "dtype", "max"};
+  static const Keys kFusionKeys = {"capability", "world_size", "nodes", "pattern",
+                                   "dtype",      "residual",   "max"};
+  static const Keys kOneshotKeys = {"capability", "world_size", "pattern",
+                                    "dtype",      "residual",   "max"};
   for (const YamlNode& item : node.items) {
     LayerCell lc;
     lc.pos = pos_of(item);
@@ -433,7 +435,7 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
       for (const auto& e : item.entries) {
         if (e.first.is_scalar() && e.first.value == "nodes") {
           p.error(e.first, "one-shot cells are not keyed by 'nodes'",
-                  "the one-shot table applies to single-node trtllm only");
+                  "the one-shot table applies to single-node trtllm and cpu shm only");
           ok = false;
         }
       }
@@ -488,6 +490,12 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
           lc.cell.key.dtype = *d;
         else
           ok = false;
+      } else if (key == "residual") {
+        auto rs = p.name<Residual>(v, parse_residual, "residual");
+        if (rs)
+          lc.cell.key.residual = *rs;
+        else
+          ok = false;
       } else if (key == "max") {
         has_max = true;
         std::optional<std::uint64_t> bytes;
@@ -513,6 +521,11 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
     if (k.nodes > k.world_size) {
       p.error(item, "nodes " + std::to_string(k.nodes) + " is above world size " +
                         std::to_string(k.world_size));
+      continue;
+    }
+    if (k.residual && k.pattern == Pattern::kAllreduce) {
+      p.error(item, "cell (" + k.to_string() + ") never applies: pattern allreduce has no residual",
+              "drop 'residual', or key the cell by a residual pattern such as residual_rmsnorm");
       continue;
     }
     if (k.capability.is_cpu() && k.nodes > 1) {

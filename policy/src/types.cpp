@@ -14,6 +14,7 @@ constexpr std::array<std::string_view, kPatternCount> kPatternNames = {
 constexpr std::array<std::string_view, kBackendCount> kBackendNames = {"trtllm", "mnnvl", "nccl",
                                                                        "shm"};
 constexpr std::array<std::string_view, 3> kAlgorithmNames = {"oneshot", "twoshot", "native"};
+constexpr std::array<std::string_view, 2> kResidualNames = {"distinct", "replicated"};
 
 template <class E, std::size_t N>
 Parsed<E> parse_name(std::string_view text, const std::array<std::string_view, N>& names,
@@ -80,6 +81,10 @@ Parsed<Algorithm> parse_algorithm(std::string_view text) {
   return parse_name<Algorithm>(text, kAlgorithmNames, "algorithm");
 }
 
+Parsed<Residual> parse_residual(std::string_view text) {
+  return parse_name<Residual>(text, kResidualNames, "residual");
+}
+
 std::string capability_name(Capability c) { return c.is_cpu() ? "cpu" : std::to_string(c.code()); }
 std::string_view dtype_name(Dtype d) { return kDtypeNames[static_cast<int>(d)]; }
 std::string_view pattern_name(Pattern p) { return kPatternNames[static_cast<int>(p)]; }
@@ -87,6 +92,7 @@ std::string_view backend_name(Backend b) {
   return b == Backend::kNone ? "none" : kBackendNames[static_cast<int>(b)];
 }
 std::string_view algorithm_name(Algorithm a) { return kAlgorithmNames[static_cast<int>(a)]; }
+std::string_view residual_name(Residual r) { return kResidualNames[static_cast<int>(r)]; }
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "cpu"; }
 std::string backend_mask_names(std::uint32_t mask) {
   std::string s;

@@ -729,6 +729,7 @@ Request Communicator::Impl::request_for(const arbiter_allreduce_args& args,
   r.dtype = static_cast<Dtype>(args.dtype);
   r.tokens = args.tokens;
   r.hidden = args.hidden;
+  r.residual_replicated = (args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0;
   r.message_bytes = Request::message_bytes_of(args.tokens, args.hidden, r.dtype);
   r.excluded_backends = excluded;
   return r;

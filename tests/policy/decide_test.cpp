@@ -61,6 +61,14 @@ std::vector<Policy> policies() {
            "  - {capability: 103, world_size: 8, nodes: 2, pattern: allreduce, max: 64MiB}\n"
            "  - {capability: 100, world_size: 4, dtype: fp32, max: off}\n"
            "  - {capability: 90, world_size: 2, pattern: residual_rmsnorm_fp8, max: 3MiB}\n"),
+      with("format: 1\nfusion:\n"
+           "  - {capability: 90, world_size: 2, residual: replicated, max: 128MiB}\n"
+           "  - {capability: cpu, world_size: 4, residual: replicated, dtype: bf16, max: 1}\n"
+           "oneshot:\n"
+           "  default: oneshot\n"
+           "  cells:\n"
+           "    - {capability: cpu, world_size: 2, residual: replicated, max: 4KiB}\n"
+           "    - {capability: 90, world_size: 2, residual: replicated, max: 64KiB}\n"),
       with("format: 1\noneshot: {default: twoshot}\n"
            "fusion: [{capability: 90, world_size: 6, max: 1}]\n"),
       with("format: 1\npreference: {single_node: [mnnvl, trtllm]}\n"
@@ -93,7 +101,7 @@ void for_each_request(Fn&& fn) {
     const Capability cap = code == 0 ? Capability::cpu() : Capability::sm(code);
     for (std::uint32_t ws : world_sizes) {
       for (std::uint32_t nodes : {0u, 1u, 2u, 4u, 9u}) {
-        for (int flags = 0; flags < 4; ++flags) {
+        for (int flags = 0; flags < 8; ++flags) {
           for (int pt = 0; pt < kPatternCount; ++pt) {
             for (int dt = 0; dt < kDtypeCount; ++dt) {
               for (std::uint64_t bytes : all_sizes) {
@@ -105,6 +113,7 @@ void for_each_request(Fn&& fn) {
                     r.nodes = nodes;
                     r.nvlink_domain = flags & 1;
                     r.multicast = flags & 2;
+                    r.residual_replicated = flags & 4;
                     r.pattern = static_cast<Pattern>(pt);
                     r.dtype = static_cast<Dtype>(dt);
                     r.message_bytes = bytes;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "arbiter/types.h"
 
@@ -18,6 +19,10 @@ struct Request {
   bool multicast = false;
   Dtype dtype = Dtype::kBf16;
   Pattern pattern = Pattern::kResidualRmsnorm;
+  // Every rank passes the same residual (ARBITER_RUN_RESIDUAL_REPLICATED).
+  // Meaningless for Pattern::kAllreduce, which has none: residual_of() says
+  // what the tables see.
+  bool residual_replicated = false;
   // Per-rank input bytes = tokens x hidden x element size.
   std::uint64_t message_bytes = 0;
   // 0 means unknown; when known, trtllm two-shot needs tokens >= world_size.
@@ -31,6 +36,12 @@ struct Request {
   // (its workspace failed to initialise, or is too small). The policy then
   // takes its next choice.
   std::uint32_t excluded_backends = 0;
+
+  // The residual as table keys see it; nullopt for a pattern without one.
+  constexpr std::optional<Residual> residual() const {
+    if (pattern == Pattern::kAllreduce) return std::nullopt;
+    return residual_replicated ? Residual::kReplicated : Residual::kDistinct;
+  }
 
   // Fills message_bytes from tokens x hidden x element size.
   static Request with_tokens(Capability capability, std::uint32_t world_size, std::uint32_t tokens,

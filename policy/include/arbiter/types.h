@@ -27,6 +27,11 @@ enum class Pattern : std::uint8_t {
 };
 inline constexpr int kPatternCount = 4;
 
+// Whether a residual pattern's residual input is the same on every rank
+// (ARBITER_RUN_RESIDUAL_REPLICATED): a two-shot then reads only its own
+// slice of it. A table key; `allreduce` has no residual.
+enum class Residual : std::uint8_t { kDistinct = 0, kReplicated = 1 };
+
 enum class Algorithm : std::uint8_t { kOneshot = 0, kTwoshot = 1, kNative = 2 };
 
 // The backends the policy can choose between. The set is closed on purpose:
@@ -81,12 +86,14 @@ Parsed<Dtype> parse_dtype(std::string_view text);
 Parsed<Pattern> parse_pattern(std::string_view text);
 Parsed<Backend> parse_backend(std::string_view text);
 Parsed<Algorithm> parse_algorithm(std::string_view text);
+Parsed<Residual> parse_residual(std::string_view text);
 
 std::string capability_name(Capability c);  // "103" or "cpu"
 std::string_view dtype_name(Dtype d);
 std::string_view pattern_name(Pattern p);
 std::string_view backend_name(Backend b);
 std::string_view algorithm_name(Algorithm a);
+std::string_view residual_name(Residual r);
 std::string_view device_kind_name(DeviceKind d);
 // "trtllm, nccl" for bits (1 << Backend) set in `mask`; "none" when empty.
 std::string backend_mask_names(std::uint32_t mask);
