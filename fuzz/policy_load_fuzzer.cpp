@@ -92,7 +92,7 @@ std::vector<Request> requests_for(const Policy& policy, std::uint64_t mix) {
       out.push_back(from_key(key, 1, 2 * kMiB, mix));
     }
   }
-  Request odd = from_key(CellKey{Capability::sm(103), 8, 0, {}, {}}, 9, kMaxSizeBytes, mix);
+  Request odd = from_key(CellKey{Capability::sm(103), 8, 0, {}, {}, {}}, 9, kMaxSizeBytes, mix);
   out.push_back(odd);  // nodes > world size
   odd.nodes = 0;
   out.push_back(odd);

@@ -107,8 +107,8 @@ inline void check_exports_only_the_v1_entry(const std::string& name) {
     line.clear();
   }
   BOOST_TEST_INFO("nm -D --defined-only:\n" << result.output);
-  BOOST_TEST(
-      (symbols == std::vector<std::string>{"arbiter_backend_v1", "arbiter_backend_v1_faults"}));
+  BOOST_TEST((symbols == std::vector<std::string>{"arbiter_backend_v1", "arbiter_backend_v1_faults",
+                                                  "arbiter_backend_v1_footprint"}));
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   BOOST_REQUIRE(handle != nullptr);
   const auto* faults = static_cast<const arbiter_backend_faults_v1_t*>(
