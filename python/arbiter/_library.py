@@ -52,6 +52,7 @@ class CRequest(Structure):
         ("multicast", c_uint32),
         ("dtype", c_int),  # arbiter_dtype
         ("pattern", c_int),  # arbiter_pattern
+        ("residual_replicated", c_uint32),
         ("message_bytes", c_uint64),
         ("tokens", c_uint32),
         ("hidden", c_uint32),

@@ -167,7 +167,9 @@ class Request:
 
     message_bytes is per-rank input bytes; leave it None to have it computed
     as tokens x hidden x element size. nvlink_domain None means: NVLink on one
-    node, none across nodes (say True for a multi-node NVLink rack)."""
+    node, none across nodes (say True for a multi-node NVLink rack).
+    residual_replicated says every rank passes the same residual (tables may
+    key on it with `residual: replicated`); ignored for pattern allreduce."""
 
     capability: Capability
     world_size: int
@@ -179,6 +181,7 @@ class Request:
     message_bytes: Size | None = None
     tokens: int = 0
     hidden: int = 0
+    residual_replicated: bool = False
 
     def _to_c(self) -> _library.CRequest:
         c = _library.CRequest()
@@ -191,6 +194,9 @@ class Request:
         nvlink = self.nodes <= 1 if self.nvlink_domain is None else self.nvlink_domain
         c.nvlink_domain = 1 if nvlink else 0
         c.multicast = 1 if self.multicast else 0
+        if not isinstance(self.residual_replicated, bool):
+            raise _invalid(f"residual_replicated {self.residual_replicated!r} is not a bool")
+        c.residual_replicated = 1 if self.residual_replicated else 0
         c.dtype = parse_dtype(self.dtype)
         c.pattern = parse_pattern(self.pattern)
         c.message_bytes = 0 if self.message_bytes is None else parse_size(self.message_bytes)

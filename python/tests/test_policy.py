@@ -136,6 +136,36 @@ def test_site_file_overrides_one_cell_and_the_trace_names_it(site_file, defaults
         assert site.fingerprint != defaults.fingerprint
 
 
+def test_a_replicated_residual_meets_the_cells_keyed_by_it(tmp_path):
+    site = tmp_path / "replicated.yaml"
+    site.write_text(
+        "format: 1\n"
+        "fusion:\n"
+        "  - {capability: 90, world_size: 8, pattern: residual_rmsnorm, residual: replicated,"
+        " max: 4MiB}\n"
+        "oneshot:\n"
+        "  cells:\n"
+        "    - {capability: cpu, world_size: 2, residual: replicated, max: 2KiB}\n"
+    )
+    h200 = dict(capability=90, world_size=8, message_bytes="2MiB")
+    with arbiter.load([str(site)]) as policy:
+        assert not policy.decide(**h200).fused  # the default cell's 512 KiB
+        replicated = policy.decide(residual_replicated=True, **h200)
+        assert replicated.fused and replicated.cap == 4 * MiB
+        assert policy.max_fused_bytes(residual_replicated=True, **h200) == 4 * MiB
+        assert json.loads(policy.explain(residual_replicated=True, json=True, **h200))[
+            "request"
+        ]["residual_replicated"] is True
+        assert "residual replicated" in policy.explain(residual_replicated=True, **h200)
+        # No residual in a plain all-reduce: the flag changes nothing.
+        assert not policy.decide(residual_replicated=True, pattern="allreduce", **h200).fused
+        cpu = dict(capability="cpu", world_size=2, message_bytes="4KiB")
+        assert policy.decide(**cpu).algorithm == "oneshot"
+        assert policy.decide(residual_replicated=True, **cpu).algorithm == "twoshot"
+        with pytest.raises(arbiter.ArbiterError, match="residual_replicated 1 is not a bool"):
+            policy.decide(residual_replicated=1, **cpu)
+
+
 def test_arbiter_config_reaches_from_environment(site_file, monkeypatch):
     monkeypatch.setenv("ARBITER_CONFIG", str(site_file))
     with arbiter.from_environment() as env, arbiter.load([site_file]) as explicit:

@@ -1,6 +1,7 @@
 // The C API: thin wrappers that catch everything and map it to codes.
 #include "arbiter/arbiter.h"
 
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -63,6 +64,10 @@ bool valid_capability(std::uint32_t capability, const char* what) {
   return false;
 }
 
+// residual_replicated took the padding before message_bytes: callers built
+// against the header without it pass the same struct.
+static_assert(sizeof(arbiter_request) == 48 && offsetof(arbiter_request, message_bytes) == 32);
+
 bool to_request(const arbiter_request* in, arbiter::Request& r) {
   using namespace arbiter;
   const std::int64_t dtype = raw_enum(in->dtype);
@@ -81,6 +86,7 @@ bool to_request(const arbiter_request* in, arbiter::Request& r) {
   r.multicast = in->multicast != 0;
   r.dtype = static_cast<Dtype>(in->dtype);
   r.pattern = static_cast<Pattern>(in->pattern);
+  r.residual_replicated = in->residual_replicated != 0;
   r.tokens = in->tokens;
   r.hidden = in->hidden;
   r.message_bytes = in->message_bytes != 0

@@ -231,6 +231,33 @@ BOOST_AUTO_TEST_CASE(diff_reports_changed_decisions_in_words) {
   BOOST_TEST(r.exit_code == 2);
 }
 
+// The replicated residual: decide, show and diff see the cells keyed by it.
+BOOST_AUTO_TEST_CASE(a_replicated_residual_is_a_request_dimension_in_every_command) {
+  const std::string site = shell_quote(data_path("good/residual_replicated.yaml"));
+  const std::string h200 = "decide --capability 90 --world-size 8 --bytes 2MiB --config " + site;
+  CommandResult r = run_arbiter(h200);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "nccl native unfused"), r.output);
+  r = run_arbiter(h200 + " --residual-replicated --explain");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "trtllm twoshot fused"), r.output);
+  BOOST_TEST(contains(r.output, "residual replicated"), r.output);
+  BOOST_TEST(contains(r.output, "residual_replicated.yaml:7"), r.output);
+  const Json j = JsonReader::parse(run_arbiter(h200 + " --residual-replicated --json").output);
+  BOOST_TEST(j["request"]["residual_replicated"].boolean);
+  BOOST_TEST(j["cap"].number == "4194304");
+  r = run_arbiter(h200 + " --residual-replicated --pattern allreduce");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  BOOST_TEST(contains(r.output, "allreduce"), r.output);
+  r = run_arbiter("show --config " + site);
+  BOOST_TEST(contains(r.output, "cells keyed by nodes, pattern, dtype or residual"), r.output);
+  BOOST_TEST(contains(r.output, "residual replicated"), r.output);
+  const std::string def = std::string(ARBITER_TEST_DATA) + "/../../configs/default.yaml";
+  r = run_arbiter("diff " + def + " " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "residual replicated"), r.output);
+}
+
 // Presets: upstream tables by name, as a layer under the site files.
 BOOST_AUTO_TEST_CASE(presets_layer_by_name_and_diff_against_the_default) {
   // vLLM main caps capability 103 at world size 8 at 4 MiB (the seed: 2).

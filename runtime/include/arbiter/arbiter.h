@@ -47,6 +47,11 @@ typedef struct arbiter_request {
   uint32_t multicast;     /* bool */
   arbiter_dtype dtype;
   arbiter_pattern pattern;
+  /* bool: every rank passes the same residual_in (as
+   * ARBITER_RUN_RESIDUAL_REPLICATED says to a module); tables may key on it.
+   * Ignored for pattern allreduce, which has no residual. Sits in what was
+   * padding before message_bytes: the struct keeps its size and layout. */
+  uint32_t residual_replicated;
   uint64_t message_bytes; /* 0: computed from tokens x hidden x element size */
   uint32_t tokens;        /* 0: unknown */
   uint32_t hidden;

@@ -128,6 +128,57 @@ BOOST_AUTO_TEST_CASE(site_files_that_leave_settings_out_load_over_the_defaults) 
   arbiter_policy_free(p);
 }
 
+// A request that says its residual is replicated meets the cells keyed by it
+// (tests/data/good/residual_replicated.yaml); the same request without the
+// flag does not, and explain says which it was.
+BOOST_AUTO_TEST_CASE(the_replicated_residual_reaches_cells_keyed_by_it) {
+  const std::string table = std::string(ARBITER_TEST_DATA) + "/good/residual_replicated.yaml";
+  const char* files[] = {table.c_str()};
+  arbiter_policy* p = nullptr;
+  BOOST_REQUIRE_MESSAGE(arbiter_policy_load(files, 1, nullptr, &p) == ARBITER_OK,
+                        arbiter_last_error());
+  arbiter_request r{};
+  r.capability = 90;
+  r.world_size = 8;
+  r.nodes = 1;
+  r.nvlink_domain = 1;
+  r.dtype = ARBITER_DTYPE_BF16;
+  r.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+  r.message_bytes = 2ull << 20;
+  arbiter_decision d{};
+  BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.fused == 0u);
+  BOOST_TEST(d.reason == 3u);  // above the distinct cell's 1 MiB
+  BOOST_TEST(d.cap == (1ull << 20));
+  r.residual_replicated = 1;
+  BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.fused == 1u);
+  BOOST_TEST(d.cap == (4ull << 20));
+  char json[8192];
+  size_t needed = 0;
+  BOOST_TEST(arbiter_explain(p, &r, 1, json, sizeof json, &needed) == ARBITER_OK);
+  BOOST_TEST(std::string(json).find("\"residual_replicated\": true") != std::string::npos, json);
+  // Plain all-reduce has no residual: the flag is ignored, no keyed cell applies.
+  r.pattern = ARBITER_PATTERN_ALLREDUCE;
+  BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.fused == 0u);
+  BOOST_TEST(d.cap == (512ull << 10));  // the default cell
+  // cpu, 2 ranks, 4 KiB: the replicated call goes two-shot (the one-shot
+  // cell's 2 KiB), the distinct one stays one-shot under shm's threshold.
+  r = arbiter_request{};
+  r.world_size = 2;
+  r.dtype = ARBITER_DTYPE_BF16;
+  r.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+  r.message_bytes = 4096;
+  BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(std::string(arbiter_backend_name(d.backend)) == "shm");
+  BOOST_TEST(d.algorithm == ARBITER_ALGORITHM_ONESHOT);
+  r.residual_replicated = 1;
+  BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.algorithm == ARBITER_ALGORITHM_TWOSHOT);
+  arbiter_policy_free(p);
+}
+
 // The communicator from the launcher's environment: a bad environment or bad
 // options fail with a code and a message that names the fix, and nothing is
 // created. (The joined path runs under `arbiter launch` in the Python tests.)
