@@ -232,7 +232,7 @@ def scenario_bad(outdir: str) -> None:
                 x, res, w, out={"norm_out": np.empty((3, HIDDEN), np.float16)})),
             ("unknown out key", "unknown keys", lambda: comm.allreduce_fusion(
                 x, out={"sum": x})),
-            ("norm without weight", "needs residual and weight", lambda: comm.allreduce_fusion(
+            ("norm without weight", "residual_rmsnorm needs weight", lambda: comm.allreduce_fusion(
                 x, res)),
             ("fp8 without scale", "needs scale", lambda: comm.allreduce_fusion(
                 x, res, w, pattern="residual_rmsnorm_fp8")),

@@ -84,7 +84,7 @@ const std::vector<BadCase> kBadCases = {
   {"unknown_backend_in_backends.yaml",     1, 4, {"'ncl'", "backends", "did you mean 'nccl'"}},
   {"backend_listed_twice_in_enabled.yaml", 1, 3, {"'nccl'", "twice"}},
   {"pattern_typo_in_cell.yaml",            1, 4, {"unknown pattern", "'allreduse'", "did you mean 'allreduce'"}},
-  {"residual_on_allreduce_cell.yaml",      1, 3, {"never applies", "allreduce has no residual", "drop 'residual'"}},
+  {"residual_on_allreduce_cell.yaml",      1, 4, {"never applies", "allreduce has no residual", "drop 'residual'"}},
   {"dtype_typo_in_backend.yaml",           1, 5, {"unknown dtype", "'bf61'", "did you mean 'bf16'"}},
   // types
   {"world_size_string.yaml",               1, 4, {"world size", "integer"}},

@@ -157,7 +157,7 @@ BOOST_AUTO_TEST_CASE(the_replicated_residual_reaches_cells_keyed_by_it) {
   char json[8192];
   size_t needed = 0;
   BOOST_TEST(arbiter_explain(p, &r, 1, json, sizeof json, &needed) == ARBITER_OK);
-  BOOST_TEST(std::string(json).find("\"residual_replicated\": true") != std::string::npos, json);
+  BOOST_TEST(std::string(json).find("\"residual_replicated\":true") != std::string::npos, json);
   // Plain all-reduce has no residual: the flag is ignored, no keyed cell applies.
   r.pattern = ARBITER_PATTERN_ALLREDUCE;
   BOOST_TEST(arbiter_decide(p, &r, &d) == ARBITER_OK);
