@@ -315,11 +315,13 @@ std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_a
     }
     // A replicated call whose outputs are registered too copies the other
     // slices' outputs from their owners (the key says so, so a rank whose
-    // outputs are staged refuses instead of pairing).
+    // outputs are staged refuses instead of pairing), from the workspace's
+    // threshold up (owners_threshold.h; below it staging was faster).
     OwnerOutputs owners;
     const OwnerOutputs* from_owners = nullptr;
     if (ranks > 1 && (a.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0 &&
         common::pattern_has_norm(a.pattern) &&
+        std::uint64_t{a.tokens} * row_bytes >= workspace.owners_from_bytes &&
         locate_owner_outputs(workspace, a, row_bytes, owners, &workspace.registered_outputs_key)) {
       from_owners = &owners;
     }

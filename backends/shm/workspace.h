@@ -26,6 +26,7 @@
 #include "shared_layout.h"
 #include "status.h"
 #include "token_kernels.h"
+#include "owners_threshold.h"
 #include "wait_policy.h"
 
 namespace arbiter::shm {
@@ -180,6 +181,9 @@ class Workspace {
   // The current call's registered-outputs key (SequenceWord::registered_outputs):
   // nonzero when a replicated two-shot copies outputs from their owners.
   std::uint64_t registered_outputs_key = 0;
+  // Calls of at least this many bytes per rank take the owners' path
+  // (owners_threshold.h; ARBITER_SHM_OWNERS_FROM, the same on every rank).
+  std::uint64_t owners_from_bytes = kDefaultOwnersFromBytes;
   // Registered memory (registered.h) and the oob it is allocated over (the
   // host keeps it valid until workspace_destroy()).
   RegisteredMemory registered;

@@ -26,6 +26,7 @@
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
 #include "footprint.h"
+#include "owners_threshold.h"
 #include "shm_object.h"
 #include "workspace.h"
 
@@ -47,6 +48,7 @@ struct Hello {
   std::int32_t pid;
   std::uint64_t max_message_bytes;
   std::uint64_t slot_bytes;  // from max_message_bytes and hidden (0 when the spec is bad)
+  std::uint64_t owners_from_bytes;  // ARBITER_SHM_OWNERS_FROM
   std::uint64_t pid_namespace;
   char host[kNameBytes];
   char message[kTextBytes];
@@ -79,10 +81,11 @@ Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
   return shm::oob_failed(oob, code, "shm workspace creation", step);
 }
 
-// Also chooses this rank's kernels (ARBITER_SHM_ISA) and wait policy
-// (ARBITER_SHM_WAIT).
+// Also chooses this rank's kernels (ARBITER_SHM_ISA), wait policy
+// (ARBITER_SHM_WAIT) and owners' threshold (ARBITER_SHM_OWNERS_FROM).
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
-                  const TokenKernels** kernels, WaitPolicy* wait_policy) {
+                  const TokenKernels** kernels, WaitPolicy* wait_policy,
+                  std::uint64_t* owners_from_bytes) {
   if (const Status shape = check_shape(spec); !shape.ok()) return shape;
   if (oob.size != spec.world_size) {
     return {ARBITER_INVALID_ARGUMENT, "spec.world_size is " + std::to_string(spec.world_size) +
@@ -103,6 +106,11 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
     return chosen;
   }
   if (const Status chosen = choose_wait_policy(std::getenv("ARBITER_SHM_WAIT"), wait_policy);
+      !chosen.ok()) {
+    return chosen;
+  }
+  if (const Status chosen =
+          choose_owners_from(std::getenv("ARBITER_SHM_OWNERS_FROM"), owners_from_bytes);
       !chosen.ok()) {
     return chosen;
   }
@@ -158,6 +166,12 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
     if (other.slot_bytes != first.slot_bytes) {  // follows from the above; kept as a guard
       return differ("slot bytes", std::to_string(other.slot_bytes),
                     std::to_string(first.slot_bytes));
+    }
+    // Which path a call takes must agree, or its registered-outputs keys
+    // would differ and every such call be refused.
+    if (other.owners_from_bytes != first.owners_from_bytes) {
+      return differ("ARBITER_SHM_OWNERS_FROM (bytes)", std::to_string(other.owners_from_bytes),
+                    std::to_string(first.owners_from_bytes));
     }
     if (std::strncmp(other.host, first.host, kNameBytes) != 0) {
       return {ARBITER_UNAVAILABLE, "shm needs every rank on one host: rank 0 runs on " +
@@ -242,7 +256,8 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   Hello hello{};
   const TokenKernels* kernels = &kScalarKernels;
   WaitPolicy wait_policy = WaitPolicy::kYield;
-  const Status local = check_spec(oob, spec, &kernels, &wait_policy);
+  std::uint64_t owners_from_bytes = kDefaultOwnersFromBytes;
+  const Status local = check_spec(oob, spec, &kernels, &wait_policy, &owners_from_bytes);
   hello.status = local.code();
   hello.rank = oob.rank;
   hello.world_size = spec.world_size;
@@ -253,6 +268,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   hello.pid_namespace = common::Liveness::own_pid_namespace();
   // Sized by layout_for(), as the footprint companion reports it.
   hello.slot_bytes = local.ok() ? layout_for(spec).slot_bytes : 0;
+  hello.owners_from_bytes = owners_from_bytes;
   copy_text(hello.host, host_identity());
   copy_text(hello.message, local.message());
   std::vector<Hello> hellos(ranks);
@@ -331,6 +347,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
                          std::make_unique<common::Liveness>(spec.rank, pids, namespaces));
     (*out)->oob = &oob;
     (*out)->wait_policy = wait_policy;
+    (*out)->owners_from_bytes = owners_from_bytes;
   } catch (...) {
     munmap(base, layout.total);
     throw;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -479,6 +480,10 @@ void expect_refusal(std::int32_t code, const std::string& words) {
 }
 
 BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_special_values) {
+  // Registered outputs of replicated two-shot calls: the owners' path at
+  // every size on every level, then staged (the default threshold is far
+  // above these calls).
+  setenv("ARBITER_SHM_OWNERS_FROM", "0", 1);
   for (const std::string level : {"scalar", "avx2", "avx512", "avx512bf16", "auto"}) {
     BOOST_TEST_CONTEXT("ARBITER_SHM_ISA=" << level) {
       setenv("ARBITER_SHM_ISA", level.c_str(), 1);
@@ -493,6 +498,11 @@ BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_specia
     }
   }
   unsetenv("ARBITER_SHM_ISA");
+  unsetenv("ARBITER_SHM_OWNERS_FROM");
+  BOOST_TEST_CONTEXT("ARBITER_SHM_OWNERS_FROM unset") {
+    run_group(2, check_rank);
+    run_group(3, check_rank);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(no_residual_gives_the_bits_of_a_negative_zero_residual_on_every_level) {
@@ -516,6 +526,7 @@ BOOST_AUTO_TEST_CASE(no_residual_gives_the_bits_of_a_negative_zero_residual_on_e
 // slice would take the overwritten rows; the end barrier of the owners'
 // path prevents it.
 BOOST_AUTO_TEST_CASE(registered_outputs_can_be_overwritten_as_soon_as_a_call_returns) {
+  setenv("ARBITER_SHM_OWNERS_FROM", "0", 1);  // the owners' path at this size
   auto body = [](int rank, const arbiter_oob& oob) -> std::string {
     const arbiter_dtype dtype = ARBITER_DTYPE_BF16;
     const std::size_t bytes = std::size_t{kTokens} * kHidden * dtype_size(dtype);
@@ -569,6 +580,89 @@ BOOST_AUTO_TEST_CASE(registered_outputs_can_be_overwritten_as_soon_as_a_call_ret
   };
   run_group(2, body, 120, /*preempt=*/true);
   run_group(3, body, 120, /*preempt=*/true);
+  unsetenv("ARBITER_SHM_OWNERS_FROM");
+}
+
+// ARBITER_SHM_OWNERS_FROM sets the size from which the owners' path runs,
+// the same on every rank. Seen from outside: a replicated two-shot call
+// whose outputs are registered on rank 0 only is staged below it (exact on
+// every rank) and refused on every rank at or above it (a peer would read
+// rank 1's outputs where they are not). A value that is not a size is
+// refused at creation.
+BOOST_AUTO_TEST_CASE(the_owners_path_starts_at_its_threshold_on_every_rank) {
+  const arbiter_dtype dtype = ARBITER_DTYPE_BF16;
+  const std::size_t bytes = std::size_t{kTokens} * kHidden * dtype_size(dtype);
+  bool owners = false;  // whether the call takes the owners' path
+  auto body = [&](int rank, const arbiter_oob& oob) -> std::string {
+    const arbiter_workspace_spec spec = make_spec(oob, dtype, bytes);
+    arbiter_workspace* workspace = nullptr;
+    if (shm().workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+      return std::string("workspace_create: ") + shm().last_error();
+    }
+    const std::vector<std::byte> input = input_of(dtype, rank);
+    const std::vector<std::byte> residual = input_of(dtype, 6);
+    std::vector<std::byte> gamma(std::size_t{kHidden} * dtype_size(dtype));
+    for (std::uint32_t i = 0; i < kHidden; ++i) store_element(gamma.data(), i, dtype, gamma_at(i));
+    Outputs want(dtype);
+    arbiter_allreduce_args w =
+        args_for(dtype, ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, input.data(),
+                 residual, gamma, 0.02f, want);
+    if (shm().run(workspace, &w, nullptr) != ARBITER_OK) {
+      return std::string("run: ") + shm().last_error();
+    }
+    void* area = nullptr;
+    if (shm_memory().alloc(workspace, 3 * bytes, &area) != ARBITER_OK) {
+      return std::string("alloc: ") + shm().last_error();
+    }
+    auto* const registered = static_cast<std::byte*>(area);
+    std::memcpy(registered, input.data(), bytes);
+    Outputs got(dtype);
+    arbiter_allreduce_args a =
+        args_for(dtype, ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, registered,
+                 residual, gamma, 0.02f, got);
+    a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
+    a.allreduce_out = nullptr;
+    if (rank == 0) {
+      a.residual_out = registered + bytes;
+      a.norm_out = registered + 2 * bytes;
+    }
+    const std::int32_t status = shm_memory().run_registered(workspace, &a, nullptr);
+    const std::string error = status == ARBITER_OK ? "" : shm().last_error();
+    if (rank == 0) {
+      got.residual_out.assign(registered + bytes, registered + 2 * bytes);
+      got.norm_out.assign(registered + 2 * bytes, registered + 3 * bytes);
+    }
+    shm_memory().free(workspace, area);
+    shm().workspace_destroy(workspace);
+    if (owners) {
+      if (status == ARBITER_OK) return "accepted outputs registered on rank 0 only";
+      if (error.find("outputs' memory") == std::string::npos) return "unclear refusal: " + error;
+      return "";
+    }
+    if (status != ARBITER_OK) return "refused below the threshold: " + error;
+    std::string problem = compare("residual_out", got.residual_out, want.residual_out);
+    if (problem.empty()) problem = compare("norm_out", got.norm_out, want.norm_out);
+    return problem;
+  };
+  BOOST_TEST_REQUIRE(bytes >= 1024u);
+  // "": unset (the default, 4 MiB: staged); just above this call; at it
+  // (inclusive); with a unit.
+  const std::pair<std::string, bool> settings[] = {
+      {"", false}, {std::to_string(bytes + 2), false}, {std::to_string(bytes), true}, {"1KiB", true}};
+  for (const auto& [value, takes_owners] : settings) {
+    BOOST_TEST_CONTEXT("ARBITER_SHM_OWNERS_FROM=" << value) {
+      if (value.empty()) {
+        unsetenv("ARBITER_SHM_OWNERS_FROM");
+      } else {
+        setenv("ARBITER_SHM_OWNERS_FROM", value.c_str(), 1);
+      }
+      owners = takes_owners;
+      run_group(2, body);
+    }
+  }
+  setenv("ARBITER_SHM_OWNERS_FROM", "4 MiB", 1);
+  expect_refusal(ARBITER_INVALID_ARGUMENT, "ARBITER_SHM_OWNERS_FROM='4 MiB' is not a size");
+  unsetenv("ARBITER_SHM_OWNERS_FROM");
 }
 
 BOOST_AUTO_TEST_CASE(each_probe_token_tells_its_wrong_order_from_the_reference) {
