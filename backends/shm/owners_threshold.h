@@ -2,11 +2,11 @@
 // the other slices from their owners' outputs instead of staging them
 // (twoshot.cpp). Chosen per workspace at creation from
 // ARBITER_SHM_OWNERS_FROM (bytes per rank; the same on every rank, checked).
-// Below the default, 4 MiB, the owners' path was slower than staging on
-// this project's 2-core CI host: 1.0-1.4x the staged registered two-shot up
-// to 256 KiB in five of five quiet runs, mixed from 512 KiB to 2 MiB, and
-// 0.54-0.86x from 4 MiB in four of five (0.35-0.85x from 8 MiB in five of
-// five); docs/registered-buffers.md has the command.
+// Below the default, 4 MiB, the owners' path was mostly slower than staging
+// on this project's 2-core CI host, five quiet runs: 0.90-1.42x the staged
+// registered two-shot up to 256 KiB, 0.65-1.33x from 512 KiB to 2 MiB; at
+// 4 MiB 0.54-1.07x (faster in four runs), from 8 MiB 0.34-0.85x (all five).
+// docs/registered-buffers.md has the command.
 #pragma once
 
 #include <cstdint>
