@@ -10,8 +10,9 @@ struct.pack_into, as on the torch path.
 from __future__ import annotations
 
 import math
+import sys
 
-from . import _library
+from . import _library, _numpy_call
 from ._results import FP8_HINT, OUTPUTS, FusionResult, nvfp4_scale_bytes, stream_handle
 from .arrays import Borrowed, borrow
 from .errors import invalid_argument as _invalid
@@ -93,6 +94,12 @@ def _allocate(comm, name: str, shape: tuple, elements: tuple):
 def run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
         residual_replicated) -> FusionResult:
     """The call, with the communicator's lock held (one call at a time)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and type(x) is numpy.ndarray:
+        result = _numpy_call.try_run(comm, numpy, x, residual, weight, eps, pattern, out, stream,
+                                     scale, weight_bias, residual_replicated)
+        if result is not None:
+            return result
     if not comm._lock.acquire(blocking=False):
         raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
     held: list[Borrowed] = []

@@ -265,6 +265,7 @@ class Communicator:
         # function as a prototype over plain addresses.
         self._handle_value = self._handle.value
         self._dtype_code = int(self.dtype)
+        self._numpy_dtype = None  # numpy's dtype for self.dtype, once numpy is used
         self._args = _library.CAllreduceArgs()
         self._args_address = ctypes.addressof(self._args)
         self._decision = _library.CDecision()

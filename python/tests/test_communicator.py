@@ -312,6 +312,72 @@ def test_the_first_block_runs_the_norm_without_a_residual(dtype):
             comm.allreduce_fusion(x, None, None, pattern="residual_rmsnorm")
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_the_numpy_fast_path_gives_the_general_paths_bits(dtype, monkeypatch):
+    # Plain numpy calls skip the per-array views (_numpy_call.py); the same
+    # calls through memoryviews take the general path. Same bits, every
+    # pattern the fast path takes, in place and not, and residual-free.
+    from arbiter import _array_call
+
+    rng = np.random.default_rng(11)
+    kind = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}[dtype]
+
+    def sample(shape):
+        v = rng.standard_normal(shape).astype(np.float32)
+        return (v.view(np.uint32) >> 16).astype(np.uint16) if dtype == "bf16" else v.astype(kind)
+
+    x, residual, weight = sample((5, 64)), sample((5, 64)), sample((64,))
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype=dtype) as comm:
+        general = _array_call._run
+        taken = []
+        monkeypatch.setattr(_array_call, "_run", lambda *a: taken.append(1) or general(*a))
+        calls = [
+            dict(args=(x,), outs=("allreduce_out",)),
+            dict(args=(x, residual, weight), outs=("residual_out", "norm_out")),
+            dict(args=(x, None, weight), outs=("residual_out", "norm_out")),
+            dict(args=(x, residual, weight), kw=dict(eps=1e-2, weight_bias=1.0,
+                                                      residual_replicated=True),
+                 outs=("residual_out", "norm_out")),
+        ]
+        for c in calls:
+            kw = c.get("kw", {})
+            fast = comm.allreduce_fusion(*c["args"], **kw)
+            assert not taken, "a plain numpy call took the general path"
+            slow = comm.allreduce_fusion(*(None if a is None else memoryview(a)
+                                           for a in c["args"]), **kw)
+            assert taken, "memoryviews took the numpy path"
+            taken.clear()
+            for name in c["outs"]:
+                got, want = getattr(fast, name), np.asarray(getattr(slow, name))
+                assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8),
+                                                                  want.view(np.uint8)), name
+            assert fast.decision == slow.decision
+        # In place, outputs given: the fast path writes where it is told.
+        y, r = x.copy(), residual.copy()
+        comm.allreduce_fusion(y, r, weight, out={"norm_out": y, "residual_out": r})
+        assert not taken
+        want = comm.allreduce_fusion(memoryview(x), memoryview(residual), memoryview(weight))
+        assert np.array_equal(y.view(np.uint8), want.norm_out.view(np.uint8))
+        assert np.array_equal(r.view(np.uint8), want.residual_out.view(np.uint8))
+        taken.clear()
+        # What the fast path does not take goes to the general path, which
+        # raises the error that names the rule.
+        wrong = np.zeros((5, 64), np.float64)
+        with pytest.raises(arbiter.ArbiterError, match="x: element type f64"):
+            comm.allreduce_fusion(wrong)
+        with pytest.raises(arbiter.ArbiterError, match="not C-contiguous"):
+            comm.allreduce_fusion(np.zeros((64, 5), kind).T)
+        readonly = x.copy()
+        readonly.flags.writeable = False
+        with pytest.raises(arbiter.ArbiterError, match="read-only"):
+            comm.allreduce_fusion(x, residual, weight, out={"norm_out": readonly})
+        with pytest.raises(arbiter.ArbiterError, match="must be True or False"):
+            comm.allreduce_fusion(x, residual, weight, residual_replicated=1)
+        assert len(taken) == 4
+        # A read-only input is read in place all the same.
+        assert np.array_equal(comm.allreduce_fusion(readonly).allreduce_out, x)
+
+
 def test_a_pattern_no_backend_runs_is_refused_when_called():
     with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16") as comm:
         x = np.zeros((1, 64), dtype=np.uint16)
