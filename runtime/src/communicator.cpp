@@ -323,15 +323,7 @@ struct Communicator::Impl {
   }
 
   Request request_for(Pattern pattern) const {
-    Request r;
-    r.capability = options.capability;
-    r.world_size = static_cast<std::uint32_t>(oob.size);
-    r.nodes = options.nodes;
-    r.nvlink_domain = options.nvlink_domain;
-    r.multicast = options.multicast;
-    r.dtype = options.dtype;
-    r.pattern = pattern;
-    return r;
+    return request_of(options, static_cast<std::uint32_t>(oob.size), pattern);
   }
 
   Backend fallback() const {

@@ -5,22 +5,6 @@
 
 namespace arbiter {
 
-namespace {
-
-Request request_of(const CommunicatorOptions& options, std::uint32_t world_size, Pattern pattern) {
-  Request r;
-  r.capability = options.capability;
-  r.world_size = world_size;
-  r.nodes = options.nodes;
-  r.nvlink_domain = options.nvlink_domain;
-  r.multicast = options.multicast;
-  r.dtype = options.dtype;
-  r.pattern = pattern;
-  return r;
-}
-
-}  // namespace
-
 WorkspacePlan plan_workspaces(const Policy& policy, const CommunicatorOptions& options,
                               std::uint32_t world_size) {
   constexpr std::uint32_t kAll = CommunicatorOptions::kAllPatterns;

@@ -35,6 +35,22 @@ struct WorkspacePlan {
   std::vector<PlannedWorkspace> workspaces;
 };
 
+// The request of a call with `pattern` on a communicator of `world_size`
+// ranks created with `options`, before the call's own size and flags.
+// Inline: the communicator builds one per call.
+inline Request request_of(const CommunicatorOptions& options, std::uint32_t world_size,
+                          Pattern pattern) {
+  Request r;
+  r.capability = options.capability;
+  r.world_size = world_size;
+  r.nodes = options.nodes;
+  r.nvlink_domain = options.nvlink_domain;
+  r.multicast = options.multicast;
+  r.dtype = options.dtype;
+  r.pattern = pattern;
+  return r;
+}
+
 // REQUIRES: options.pattern_mask names only patterns (0: all of them).
 WorkspacePlan plan_workspaces(const Policy& policy, const CommunicatorOptions& options,
                               std::uint32_t world_size);
