@@ -398,6 +398,14 @@ BOOST_AUTO_TEST_CASE(footprint_counts_three_lamport_stages_for_trtllm_without_a_
   // peer-mapped allocation holds 3 one-shot stages of 4 slots of the cap.
   const CommandResult r = run_arbiter(
       "footprint --capability 100 --world-size 4 --hidden 7168 --max-tokens 8192 --json");
+  if (contains(r.output, "trtllm: no module found")) {
+    // A build without the GPU modules (the sanitizer jobs): no backend for
+    // a GPU shape, said as an error that names each module and the fix.
+    BOOST_TEST(r.exit_code != 0, r.output);
+    BOOST_TEST(contains(r.output, "no backend can hold this shape"), r.output);
+    BOOST_TEST(contains(r.output, "see `arbiter plugins`"), r.output);
+    return;
+  }
   BOOST_TEST(r.exit_code == 0, r.output);
   const Json j = JsonReader::parse(r.output);
   BOOST_TEST(j["fused_cap_bytes"].number == std::to_string(32u << 20));
@@ -410,7 +418,7 @@ BOOST_AUTO_TEST_CASE(footprint_counts_three_lamport_stages_for_trtllm_without_a_
     BOOST_TEST(w["largest_call_bytes"]["oneshot"].number == std::to_string(cap));
     BOOST_TEST(w["largest_call_bytes"]["native"].number == "0");
   }
-  BOOST_TEST((saw_trtllm || contains(r.output, "no module found")), r.output);
+  BOOST_TEST(saw_trtllm, r.output);
   if (contains(r.output, "\"nccl\"") && !contains(r.output, "no module found")) {
     BOOST_TEST(contains(r.output, "NCCL's own buffers"), r.output);
   }
