@@ -75,6 +75,9 @@ arbiter_allreduce_args make_args(const Point& p, const Buffers& b) {
   a.input = b.input;
   a.eps = kEps;
   a.weight_bias = 0.0f;
+  if (p.residual_replicated && p.pattern != Pattern::kAllreduce) {
+    a.flags |= ARBITER_RUN_RESIDUAL_REPLICATED;
+  }
   const OutputSizes s = output_sizes(p);
   if (p.pattern == Pattern::kAllreduce) {
     a.allreduce_out = b.allreduce_out;

@@ -53,7 +53,9 @@ OutputSizes output_sizes(const Point& point);
 OutputSizes largest_outputs(const std::vector<Point>& points);
 
 // The arguments of `point`'s call over `buffers` (algorithm left native:
-// run_on() sets it).
+// run_on() sets it), with ARBITER_RUN_RESIDUAL_REPLICATED when the point's
+// residual is replicated: every rank's residual_in is the same sample
+// stream (kResidualStream), so the promise holds and the reference stands.
 arbiter_allreduce_args make_args(const Point& point, const Buffers& buffers);
 
 // What a call wrote, copied to the host; the vectors follow output_sizes().

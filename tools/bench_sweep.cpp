@@ -86,7 +86,10 @@ void add_options(po::options_description& desc) {
       "dtype", po::value<std::string>()->default_value("bf16"), "dtypes: fp16, bf16, fp32")(
       "pattern", po::value<std::string>()->default_value("residual_rmsnorm"),
       "patterns: allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp4")(
-      "warmup", po::value<std::string>(), "untimed trials first (default 2)")(
+      "residual-replicated", po::bool_switch(),
+      "every rank passes the same residual: the residual patterns' calls carry "
+      "ARBITER_RUN_RESIDUAL_REPLICATED")("warmup", po::value<std::string>(),
+                                         "untimed trials first (default 2)")(
       "trials", po::value<std::string>(), "timed trials per point (default CPU 5, GPU 20)")(
       "iterations", po::value<std::string>(),
       "calls per trial (default CPU 4, GPU 10; one CUDA graph per trial on GPUs)")(
@@ -121,6 +124,13 @@ Settings read_settings(const po::variables_map& vm) {
   s.hidden = count_list("hidden", vm["hidden"].as<std::string>());
   s.dtypes = name_list<Dtype>("dtype", vm["dtype"].as<std::string>(), parse_dtype);
   s.patterns = name_list<Pattern>("pattern", vm["pattern"].as<std::string>(), parse_pattern);
+  s.residual_replicated = vm["residual-replicated"].as<bool>();
+  if (s.residual_replicated && std::all_of(s.patterns.begin(), s.patterns.end(),
+                                           [](Pattern p) { return p == Pattern::kAllreduce; })) {
+    throw UsageError{
+        "--residual-replicated: pattern allreduce has no residual; drop the flag or give a "
+        "residual pattern such as --pattern residual_rmsnorm"};
+  }
   auto count = [&](const char* flag, std::uint64_t low) -> std::optional<int> {
     if (!vm.count(flag)) return std::nullopt;
     return static_cast<int>(whole(flag, vm[flag].as<std::string>(), low, 100000));
@@ -189,8 +199,8 @@ std::vector<Point> make_sweep(const Settings& s) {
           }
         }
         for (std::uint32_t t : tokens) {
-          points.push_back(
-              {dtype, pattern, hidden, t, Request::message_bytes_of(t, hidden, dtype)});
+          points.push_back({dtype, pattern, hidden, t, Request::message_bytes_of(t, hidden, dtype),
+                            s.residual_replicated && pattern != Pattern::kAllreduce});
         }
       }
     }

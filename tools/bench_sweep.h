@@ -36,6 +36,9 @@ struct Settings {
   std::vector<std::uint32_t> hidden;
   std::vector<Dtype> dtypes;
   std::vector<Pattern> patterns;
+  // --residual-replicated: every call of a residual pattern carries
+  // ARBITER_RUN_RESIDUAL_REPLICATED (the ranks' residual_in are the same).
+  bool residual_replicated = false;
   std::optional<int> warmup, trials, iterations;
   std::string output;                  // empty: stdout (rank 0)
   std::optional<std::uint32_t> nodes;  // unset: the hosts the ranks run on
@@ -61,9 +64,18 @@ struct Point {
   std::uint32_t hidden = 0;
   std::uint32_t tokens = 0;
   std::uint64_t bytes = 0;  // per rank: tokens x hidden x element size
+  // The call carries ARBITER_RUN_RESIDUAL_REPLICATED (residual patterns only).
+  bool residual_replicated = false;
+
+  // As the tables key it: nullopt for allreduce, else replicated or distinct.
+  std::optional<Residual> residual() const {
+    if (pattern == Pattern::kAllreduce) return std::nullopt;
+    return residual_replicated ? Residual::kReplicated : Residual::kDistinct;
+  }
 };
 
-// Ordered by dtype, pattern, hidden, then tokens (ascending), as given.
+// Ordered by dtype, pattern, hidden, then tokens (ascending), as given; the
+// residual patterns' points are replicated with --residual-replicated.
 // --sizes: per hidden size, the whole token count nearest each power of two
 // of bytes (at least 1; repeated counts once). REQUIRES: resolve().
 std::vector<Point> make_sweep(const Settings& settings);

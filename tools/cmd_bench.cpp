@@ -49,6 +49,9 @@ constexpr const char* kBenchUsage =
     "reference up to 1 MiB per rank. CPU ranks time `iterations` calls with the wall clock;\n"
     "GPU ranks capture them in a CUDA graph timed with events. Every trial starts after a\n"
     "barrier; the latency is the median over trials of the slowest rank's time per call.\n"
+    "With --residual-replicated every call of a residual pattern carries\n"
+    "ARBITER_RUN_RESIDUAL_REPLICATED (every rank passes the same residual_in, as under tensor\n"
+    "parallelism); the CSV's residual column says which was measured.\n"
     "\n"
     "Rank 0 writes the CSV (`arbiter tune` and `arbiter plot` read it) to -o FILE, else to\n"
     "stdout (under `arbiter launch`, stdout lines carry a rank prefix: use -o). Options\n"
@@ -155,7 +158,7 @@ std::string us_text(double us) {
 std::string point_text(const Point& p) {
   return std::string(dtype_name(p.dtype)) + " " + std::string(pattern_name(p.pattern)) +
          " hidden " + std::to_string(p.hidden) + " x " + std::to_string(p.tokens) + " tokens (" +
-         format_size(p.bytes) + ")";
+         format_size(p.bytes) + (p.residual_replicated ? ", residual replicated" : "") + ")";
 }
 
 // Rank 0's progress on stderr: a bar on a terminal (or with --progress),
@@ -409,6 +412,11 @@ int cmd_bench(const Args& args) {
         {"nodes", std::to_string(context.nodes)},
         {"modules_available", available.empty() ? "none" : available},
         {"arbiter_backends", backends_env ? backends_env : "(unset)"},
+        {"residual", settings.residual_replicated
+                         ? "replicated: the residual patterns' calls carry "
+                           "ARBITER_RUN_RESIDUAL_REPLICATED (every rank passes the same "
+                           "residual_in)"
+                         : "distinct: no call carries ARBITER_RUN_RESIDUAL_REPLICATED"},
         {"tables", policy->fingerprint_hex()},
         {"timing", std::string(kind == DeviceKind::kGpu
                                    ? "CUDA graph of `iterations` calls per trial, CUDA events"

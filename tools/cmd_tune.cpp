@@ -22,7 +22,8 @@ constexpr const char* kTuneUsage =
     "usage: arbiter tune RESULTS.csv... [-o overlay.yaml] [--margin PCT] [--config FILE]...\n"
     "                    [--nvlink-domain] [--multicast]\n"
     "\n"
-    "Derives, per (capability, world size, nodes, pattern, dtype) measured, the fusion cap\n"
+    "Derives, per (capability, world size, nodes, pattern, dtype, residual) measured, the\n"
+    "fusion cap\n"
     "(the largest measured size up to which the best fused option is at most PCT% slower\n"
     "than the best unfused one at every measured size), the one-shot cap of\n"
     "single-node trtllm (one-shot against two-shot, by the same rule) and the one-shot\n"
@@ -30,12 +31,15 @@ constexpr const char* kTuneUsage =
     "size over the groups measured); prints them with\n"
     "the regret of the current tables and of the tuned ones (how much slower the option\n"
     "the tables choose is than the best measured one), and writes a site table holding\n"
-    "the new caps. Caps are always measured sizes.\n"
+    "the new caps. Caps are always measured sizes. Groups measured with a replicated\n"
+    "residual write cells keyed `residual: replicated` (on cpu, shm's split as such a\n"
+    "one-shot cell: never the threshold, which serves every call).\n"
     "\n"
     "RESULTS.csv (as `arbiter bench` writes it): a header naming at least capability,\n"
     "world_size, nodes, dtype, hidden, num_tokens, bytes, pattern, backend, algorithm,\n"
-    "fused and latency_us, in any order (other columns are ignored; a device column is\n"
-    "used); `# key: value` lines are provenance (device, driver, nccl, hosts, date).\n"
+    "fused and latency_us, in any order (other columns are ignored; device and residual\n"
+    "columns are used: residual replicated or distinct, empty for allreduce); `# key:\n"
+    "value` lines are provenance (device, driver, nccl, hosts, date).\n"
     "Rows with a skipped or status column saying so, or no latency, are skipped.\n"
     "Duplicate rows (same option and bytes) count by their median and must agree\n"
     "within 2x.\n"
@@ -131,7 +135,11 @@ void report_group(std::ostream& out, const Group& g, double margin, const Policy
     const Cap split = split_cap(g, backend, margin);
     if (split.kind == Cap::Kind::kNone) continue;
     out << "  " << backend << " one-shot split: " << split.text();
-    if (split.kind == Cap::Kind::kBytes) {
+    if (split.kind == Cap::Kind::kBytes && g.key.replicated()) {
+      // Never the threshold, which serves every call (see the overlay).
+      out << (g.key.capability.is_cpu() ? "; a one-shot cell keyed residual: replicated"
+                                        : "; not written (only cpu cells key it)");
+    } else if (split.kind == Cap::Kind::kBytes) {
       out << "; x " << g.key.world_size << " = " << format_size(split.bytes * g.key.world_size);
     }
     out << "\n";

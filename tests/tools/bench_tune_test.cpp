@@ -151,9 +151,9 @@ const std::string kSweep =
     " --pattern residual_rmsnorm,residual_rmsnorm_fp4 --warmup 1 --trials 3 --iterations 2";
 
 const std::vector<std::string> kColumns = {
-    "capability", "world_size", "nodes",     "dtype",  "hidden",     "num_tokens", "bytes",
-    "pattern",    "backend",    "algorithm", "fused",  "latency_us", "p10_us",     "p90_us",
-    "trials",     "iterations", "device",    "status", "skipped",    "reason"};
+    "capability", "world_size", "nodes",      "dtype",     "hidden", "num_tokens", "bytes",
+    "pattern",    "residual",   "backend",    "algorithm", "fused",  "latency_us", "p10_us",
+    "p90_us",     "trials",     "iterations", "device",    "status", "skipped",    "reason"};
 
 std::string run_arbiter(const std::string& args, int* exit_code) {
   const CommandResult r = run_command(arbiter_command(args));
@@ -167,17 +167,19 @@ void check_results(const std::string& path, int ranks) {
   const Csv csv = parse_csv(read_file(path));
   BOOST_TEST(csv.header == kColumns, boost::test_tools::per_element());
   for (const char* key :
-       {"device", "driver", "hosts", "arbiter_version", "date", "command", "timing"}) {
+       {"device", "driver", "hosts", "arbiter_version", "date", "command", "timing", "residual"}) {
     BOOST_TEST(csv.provenance.count(key) == 1u, key);
   }
   BOOST_TEST(csv.provenance.at("hosts") == "1");
   BOOST_TEST(contains(csv.provenance.at("command"), "arbiter bench -o "));
+  BOOST_TEST(csv.provenance.at("residual").starts_with("distinct: "));
   std::set<std::string> seen;
   for (const auto& row : csv.rows) {
     BOOST_TEST(row.at("#fields") == std::to_string(kColumns.size()));
     BOOST_TEST(row.at("capability") == "cpu");
     BOOST_TEST(row.at("world_size") == std::to_string(ranks));
     BOOST_TEST(row.at("nodes") == "1");
+    BOOST_TEST(row.at("residual") == "distinct");
     const std::string key = row.at("pattern") + " " + row.at("bytes") + " " + row.at("backend") +
                             " " + row.at("algorithm") + " " + row.at("fused");
     BOOST_TEST(seen.insert(key).second, "twice: " << key);
@@ -264,4 +266,66 @@ BOOST_AUTO_TEST_CASE(bench_refuses_a_bad_sweep_before_any_rank_starts) {
   const std::string out = run_arbiter("bench --tokens 4 --sizes 8KiB:1MiB", &rc);
   BOOST_TEST(rc == 2, out);
   BOOST_TEST(contains(out, "give --tokens or --sizes, not both"), out);
+}
+
+// --residual-replicated: every residual call carries
+// ARBITER_RUN_RESIDUAL_REPLICATED (the ranks' residual_in are one sample
+// stream, so the promise holds): the rows say so in the residual column,
+// pass the check against the reference, and tune keys its cells by it.
+BOOST_AUTO_TEST_CASE(bench_residual_replicated_on_shm_ranks) {
+  Scratch s;
+  int rc = -1;
+  const std::string csv = s.path("replicated.csv");
+  const std::string out = run_arbiter(
+      "launch --nproc 2 --timeout 200 -- " + std::string(ARBITER_BIN) + " bench -o " +
+          shell_quote(csv) +
+          " --residual-replicated --hidden 4096 --tokens 2,4,16,32 --dtype bf16"
+          " --pattern allreduce,residual_rmsnorm,residual_rmsnorm_fp8 --warmup 1 --trials 2"
+          " --iterations 2",
+      &rc);
+  BOOST_TEST(rc == 0, out);
+  BOOST_TEST(contains(out, "36 rows (36 measured, 0 skipped, 0 errors)"), out);
+  BOOST_TEST(contains(out, "(256 KiB, residual replicated): shm oneshot fused"), out);
+  const Csv results = parse_csv(read_file(csv));
+  BOOST_TEST(results.header == kColumns, boost::test_tools::per_element());
+  BOOST_TEST(results.provenance.at("residual").starts_with("replicated: "));
+  BOOST_TEST(contains(results.provenance.at("command"), " --residual-replicated"));
+  BOOST_TEST_REQUIRE(results.rows.size() == 36u);
+  int replicated = 0;
+  for (const auto& row : results.rows) {
+    const std::string key = row.at("pattern") + " " + row.at("bytes") + " " + row.at("backend") +
+                            " " + row.at("algorithm");
+    // Measured, and checked against the reference up to 1 MiB: all of them.
+    BOOST_TEST(row.at("status") == "ok", key << ": " << row.at("reason"));
+    if (row.at("pattern") == "allreduce") {
+      BOOST_TEST(row.at("residual") == "", key);
+    } else {
+      BOOST_TEST(row.at("residual") == "replicated", key);
+      ++replicated;
+    }
+  }
+  BOOST_TEST(replicated == 24);
+
+  // tune groups them apart and keys what it writes; the overlay loads.
+  const std::string overlay = s.path("overlay.yaml");
+  const std::string tuned =
+      run_arbiter("tune " + shell_quote(csv) + " -o " + shell_quote(overlay), &rc);
+  BOOST_TEST(rc == 0, tuned);
+  BOOST_TEST(contains(tuned,
+                      "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16, residual "
+                      "replicated\n"),
+             tuned);
+  BOOST_TEST(contains(tuned, "capability cpu, world size 2, 1 node, allreduce, bf16\n"), tuned);
+  const std::string yaml = read_file(overlay);
+  BOOST_TEST(contains(yaml, "pattern: residual_rmsnorm, residual: replicated, max: "), yaml);
+  BOOST_TEST(!contains(yaml, "pattern: allreduce, residual"), yaml);
+  const std::string valid = run_arbiter("validate " + shell_quote(overlay), &rc);
+  BOOST_TEST(rc == 0, valid);
+}
+
+BOOST_AUTO_TEST_CASE(bench_refuses_residual_replicated_for_allreduce_alone) {
+  int rc = -1;
+  const std::string out = run_arbiter("bench --pattern allreduce --residual-replicated", &rc);
+  BOOST_TEST(rc == 2, out);
+  BOOST_TEST(contains(out, "--residual-replicated: pattern allreduce has no residual"), out);
 }

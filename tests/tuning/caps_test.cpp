@@ -232,3 +232,29 @@ BOOST_AUTO_TEST_CASE(a_refused_group_leaves_the_others) {
   BOOST_TEST(data->grouping.groups.size() == 1u);
   BOOST_TEST(data->grouping.refusals.size() == 1u);
 }
+
+// Calls measured with a replicated residual are a group of their own: their
+// crossover differs, and the tables key cells by it.
+BOOST_AUTO_TEST_CASE(a_replicated_residual_is_a_group_of_its_own) {
+  const auto data = load_fixtures({"replicated_cpu.csv"});
+  BOOST_TEST(data->grouping.refusals.empty());
+  BOOST_TEST_REQUIRE(data->grouping.groups.size() == 2u);
+  const Group& distinct = data->grouping.groups[0];  // sorted: distinct first
+  const Group& replicated = data->grouping.groups[1];
+  BOOST_TEST((distinct.key.residual == Residual::kDistinct));
+  BOOST_TEST(!distinct.key.replicated());
+  BOOST_TEST(replicated.key.replicated());
+  BOOST_TEST(distinct.key.to_string() ==
+             "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16");
+  BOOST_TEST(replicated.key.to_string() ==
+             "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16, residual replicated");
+  // Each group has its own split: 128 KiB without, 8 KiB with.
+  BOOST_TEST(split_cap(distinct, "shm", 0).bytes == 128 * kKiB);
+  BOOST_TEST(split_cap(replicated, "shm", 0).bytes == 8 * kKiB);
+  BOOST_TEST(split_cap(replicated, "shm", 0).lost_at == 32 * kKiB);
+  // allreduce has no residual.
+  const auto allreduce = parse_csv(std::string(kHeader) +
+                                   "cpu,2,1,bf16,4096,1,8192,allreduce,shm,oneshot,1,10\n"
+                                   "cpu,2,1,bf16,4096,2,16384,allreduce,shm,oneshot,1,12\n");
+  BOOST_TEST(!allreduce->only_group().key.residual.has_value());
+}

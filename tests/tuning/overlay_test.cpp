@@ -303,3 +303,130 @@ BOOST_AUTO_TEST_CASE(one_shot_losing_from_the_smallest_size_writes_no_threshold)
            contains(n, "two-shot won from the smallest compared size");
   }));
 }
+
+namespace {
+
+Algorithm cpu_algorithm(const Policy& p, std::uint32_t ws, std::uint64_t bytes, bool replicated) {
+  Request r;
+  r.capability = Capability::cpu();
+  r.world_size = ws;
+  r.pattern = Pattern::kResidualRmsnorm;
+  r.residual_replicated = replicated;
+  r.message_bytes = bytes;
+  return p.decide(r).algorithm;
+}
+
+}  // namespace
+
+// A split measured with a replicated residual holds for such calls only: on
+// cpu it is a one-shot cell keyed residual: replicated, and shm's
+// oneshot_max_total (every call's) comes from the other groups alone.
+BOOST_AUTO_TEST_CASE(a_replicated_cpu_split_is_a_keyed_one_shot_cell_not_the_threshold) {
+  const auto data = load_fixtures({"replicated_cpu.csv"});
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.notes.empty());
+  BOOST_TEST_REQUIRE(o.thresholds.size() == 1u);
+  BOOST_TEST(o.thresholds[0].backend == "shm");
+  BOOST_TEST(o.thresholds[0].bytes == 256 * kKiB);  // 128 KiB x 2: the distinct group's
+  BOOST_TEST(!contains(o.thresholds[0].comment, "residual replicated"), o.thresholds[0].comment);
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST(o.oneshot[0].capability.is_cpu());
+  BOOST_TEST(o.oneshot[0].world_size == 2u);
+  BOOST_TEST((o.oneshot[0].residual == Residual::kReplicated));
+  BOOST_TEST(o.oneshot[0].bytes == 8 * kKiB);
+  BOOST_TEST(contains(o.yaml,
+                      "\noneshot:\n  cells:\n"
+                      "    # capability cpu, world size 2, 1 node, residual_rmsnorm, residual "
+                      "replicated\n"
+                      "    # bf16 measured: shm one-shot split 8 KiB (one-shot lost at 32 KiB"),
+             o.yaml);
+  BOOST_TEST(contains(o.yaml,
+                      "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, residual: "
+                      "replicated, max: 8KiB}\n"),
+             o.yaml);
+  // Fusion: one cell per group, the replicated one keyed.
+  BOOST_TEST_REQUIRE(o.fusion.size() == 2u);
+  BOOST_TEST(contains(o.yaml,
+                      "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "max: 512KiB}\n"),
+             o.yaml);
+  BOOST_TEST(contains(o.yaml,
+                      "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "residual: replicated, max: 512KiB}\n"),
+             o.yaml);
+  BOOST_TEST(contains(o.yaml, "    oneshot_max_total: 256KiB\n"), o.yaml);
+
+  // It loads without a warning, and decides as measured.
+  const std::vector<Diagnostic> d = validate_text(o.yaml);
+  BOOST_TEST(d.empty(), text_of(d) << o.yaml);
+  const Policy tuned = tables_with(o.yaml);
+  BOOST_TEST((cpu_algorithm(tuned, 2, 8 * kKiB, true) == Algorithm::kOneshot));
+  BOOST_TEST((cpu_algorithm(tuned, 2, 8 * kKiB + 2, true) == Algorithm::kTwoshot));
+  BOOST_TEST((cpu_algorithm(tuned, 2, 32 * kKiB, true) == Algorithm::kTwoshot));
+  // Calls without the promise keep the threshold: one-shot to 128 KiB at 2 ranks.
+  BOOST_TEST((cpu_algorithm(tuned, 2, 32 * kKiB, false) == Algorithm::kOneshot));
+  BOOST_TEST((cpu_algorithm(tuned, 2, 128 * kKiB, false) == Algorithm::kOneshot));
+  BOOST_TEST((cpu_algorithm(tuned, 2, 128 * kKiB + 2, false) == Algorithm::kTwoshot));
+  // Other world sizes have no keyed cell: the threshold, replicated or not.
+  BOOST_TEST((cpu_algorithm(tuned, 4, 32 * kKiB, true) == Algorithm::kOneshot));
+}
+
+// Only replicated groups measured: the threshold is left as it is.
+BOOST_AUTO_TEST_CASE(replicated_groups_alone_write_no_threshold) {
+  const auto data =
+      parse_csv(std::string(kHeader).insert(std::string(kHeader).size() - 1, ",residual") +
+                "cpu,4,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,10,replicated\n"
+                "cpu,4,1,bf16,1024,16,32768,residual_rmsnorm,shm,twoshot,1,15,replicated\n"
+                "cpu,4,1,bf16,1024,32,65536,residual_rmsnorm,shm,oneshot,1,30,replicated\n"
+                "cpu,4,1,bf16,1024,32,65536,residual_rmsnorm,shm,twoshot,1,20,replicated\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST(!contains(o.yaml, "\nbackends:"), o.yaml);
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST(o.oneshot[0].bytes == 32 * kKiB);
+  BOOST_TEST(contains(o.yaml,
+                      "{capability: cpu, world_size: 4, pattern: residual_rmsnorm, "
+                      "residual: replicated, max: 32KiB}"),
+             o.yaml);
+  BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
+}
+
+// Two-shot winning from the smallest compared size: no cell below a measured
+// size is invented, and the threshold is not touched either; a note says so.
+BOOST_AUTO_TEST_CASE(a_replicated_split_that_is_off_writes_a_note) {
+  const auto data =
+      parse_csv(std::string(kHeader).insert(std::string(kHeader).size() - 1, ",residual") +
+                "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,20,replicated\n"
+                "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,twoshot,1,15,replicated\n"
+                "cpu,2,1,bf16,1024,32,65536,residual_rmsnorm,shm,oneshot,1,30,replicated\n"
+                "cpu,2,1,bf16,1024,32,65536,residual_rmsnorm,shm,twoshot,1,20,replicated\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.oneshot.empty());
+  BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST_REQUIRE(o.notes.size() == 2u);  // and no fusion cell: no baseline
+  BOOST_TEST(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return contains(n,
+                    "capability cpu, world size 2, 1 node, residual_rmsnorm, residual replicated: "
+                    "no one-shot cell: bf16 shm one-shot split off") &&
+           contains(n, "a one-shot cell cannot say off");
+  }));
+  BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
+}
+
+// On GPUs no cell keys a threshold backend's split by the residual: a note.
+BOOST_AUTO_TEST_CASE(a_replicated_mnnvl_split_is_a_note) {
+  const auto data =
+      parse_csv(std::string(kHeader).insert(std::string(kHeader).size() - 1, ",residual") +
+                "100,4,1,bf16,4096,32,262144,residual_rmsnorm,mnnvl,oneshot,1,10,replicated\n"
+                "100,4,1,bf16,4096,32,262144,residual_rmsnorm,mnnvl,twoshot,1,12,replicated\n"
+                "100,4,1,bf16,4096,64,524288,residual_rmsnorm,mnnvl,oneshot,1,20,replicated\n"
+                "100,4,1,bf16,4096,64,524288,residual_rmsnorm,mnnvl,twoshot,1,15,replicated\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST(o.oneshot.empty());
+  BOOST_TEST(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return contains(n, "residual replicated: mnnvl one-shot split 256 KiB") &&
+           contains(n, "not written");
+  }));
+  BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
+}

@@ -13,6 +13,10 @@ using namespace arbiter::test;
 
 namespace {
 
+bool contains_text(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -261,4 +265,56 @@ BOOST_AUTO_TEST_CASE(unreadable_files_and_files_given_twice) {
   BOOST_TEST(twice.files.size() == 2u);
   BOOST_TEST_REQUIRE(twice.errors.size() == 1u);
   BOOST_TEST(twice.errors[0].message.starts_with("given more than once"));
+}
+
+// The optional residual column: replicated or distinct for the residual
+// patterns (empty or absent: distinct), nothing for allreduce.
+BOOST_AUTO_TEST_CASE(the_residual_column_is_optional_and_distinct_by_default) {
+  const std::string header =
+      std::string(kHeader).insert(std::string(kHeader).size() - 1, ",residual");
+  const ReadResult r =
+      parse_results("r.csv", header +
+                                 "cpu,2,1,bf16,4096,1,8192,residual_rmsnorm,shm,oneshot,1,10,"
+                                 "replicated\n"
+                                 "cpu,2,1,bf16,4096,1,8192,residual_rmsnorm,shm,oneshot,1,10,"
+                                 "distinct\n"
+                                 "cpu,2,1,bf16,4096,1,8192,residual_rmsnorm_fp8,shm,oneshot,1,10,\n"
+                                 "cpu,2,1,bf16,4096,1,8192,allreduce,shm,oneshot,1,10,\n");
+  BOOST_TEST_REQUIRE(r.file.has_value());
+  BOOST_TEST_REQUIRE(r.file->rows.size() == 4u);
+  BOOST_TEST((r.file->rows[0].residual == Residual::kReplicated));
+  BOOST_TEST((r.file->rows[1].residual == Residual::kDistinct));
+  BOOST_TEST((r.file->rows[2].residual == Residual::kDistinct));
+  BOOST_TEST(!r.file->rows[3].residual.has_value());
+
+  // Without the column (files written before it): distinct, or none.
+  const ReadResult old =
+      parse_results("old.csv", std::string(kHeader) + kGoodRow +
+                                   "90,2,1,bf16,4096,32,262144,allreduce,trtllm,oneshot,1,10\n");
+  BOOST_TEST_REQUIRE(old.file.has_value());
+  BOOST_TEST((old.file->rows[0].residual == Residual::kDistinct));
+  BOOST_TEST(!old.file->rows[1].residual.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_residual_names_file_line_and_column) {
+  const ReadResult r = read_results(tune_path("bad_residual.csv"));
+  BOOST_TEST(!r.file.has_value());
+  BOOST_TEST(!r.unreadable);
+  BOOST_TEST_REQUIRE(r.diagnostics.size() == 2u);
+  const std::string unknown = r.diagnostics[0].to_string();
+  BOOST_TEST(contains_text(unknown,
+                           "bad_residual.csv:7: error: column residual: unknown residual "
+                           "'Replicated'"),
+             unknown);
+  const std::string allreduce = r.diagnostics[1].to_string();
+  BOOST_TEST(contains_text(allreduce,
+                           "bad_residual.csv:8: error: column residual: \"replicated\" given for "
+                           "pattern allreduce, which has no residual; leave it empty"),
+             allreduce);
+  // A refused pattern says nothing about the residual: one error, the pattern's.
+  const std::string header =
+      std::string(kHeader).insert(std::string(kHeader).size() - 1, ",residual");
+  const Diagnostic d =
+      only_error("cpu,2,1,bf16,4096,1,8192,rmsnorm,shm,oneshot,1,10,replicated\n", header);
+  BOOST_TEST(d.message.starts_with("column pattern: unknown pattern"), d.message);
 }

@@ -282,3 +282,57 @@ BOOST_AUTO_TEST_CASE(an_overlay_that_conflicts_with_the_given_tables_exits_1) {
   BOOST_TEST(!contains(r.output, "with the overlay:"), r.output);
   BOOST_TEST(run_arbiter("validate " + shell_quote(out)).exit_code == 0);
 }
+
+// Results measured with and without a replicated residual (the residual
+// column): the replicated group's shm split becomes a one-shot cell keyed
+// residual: replicated, the threshold comes from the other group, and
+// `arbiter decide --residual-replicated` then picks two-shot above the cell.
+BOOST_AUTO_TEST_CASE(a_replicated_residual_gets_its_own_one_shot_cell) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  const CommandResult r = run_arbiter("tune " + fixture("replicated_cpu.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16\n"),
+             r.output);
+  BOOST_TEST(contains(r.output,
+                      "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16, residual "
+                      "replicated\n"),
+             r.output);
+  BOOST_TEST(contains(r.output, "  shm one-shot split: 128 KiB (one-shot lost at 512 KiB"),
+             r.output);
+  BOOST_TEST(contains(r.output, "; x 2 = 256 KiB\n"), r.output);
+  BOOST_TEST(contains(r.output,
+                      "  shm one-shot split: 8 KiB (one-shot lost at 32 KiB: 30 us against 25 us "
+                      "for shm twoshot fused); a one-shot cell keyed residual: replicated\n"),
+             r.output);
+  // The default tables run replicated calls one-shot to 128 KiB; the overlay does not.
+  BOOST_TEST(contains(r.output, "  current tables:   mean 13.3%, worst 33.3% at 128 KiB\n"),
+             r.output);
+  BOOST_TEST(count(r.output, "  with the overlay: mean 0.0%, worst 0.0%\n") == 2, r.output);
+  BOOST_TEST(contains(r.output,
+                      "wrote " + out + ": 2 fusion cells, 1 one-shot cell, 1 one-shot threshold"),
+             r.output);
+  const std::string yaml = read_file(out);
+  BOOST_TEST(contains(yaml,
+                      "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, residual: "
+                      "replicated, max: 8KiB}\n"),
+             yaml);
+  BOOST_TEST(contains(yaml, "    oneshot_max_total: 256KiB\n"), yaml);
+  const CommandResult v = run_arbiter("validate " + shell_quote(out));
+  BOOST_TEST(v.exit_code == 0, v.output);
+  BOOST_TEST(v.output == out + ": valid\n");
+
+  auto decide = [&](const std::string& flags) {
+    const CommandResult d =
+        run_arbiter("decide --capability cpu --world-size 2 " + flags + " --config " + out);
+    BOOST_TEST(d.exit_code == 0, d.output);
+    return d.output;
+  };
+  const std::string above = decide("--bytes 16KiB --residual-replicated");
+  BOOST_TEST(above.starts_with("shm twoshot fused"), above);
+  const std::string at = decide("--bytes 8KiB --residual-replicated");
+  BOOST_TEST(at.starts_with("shm oneshot fused"), at);
+  // Without the promise the threshold decides: one-shot to 128 KiB at 2 ranks.
+  const std::string distinct = decide("--bytes 16KiB");
+  BOOST_TEST(distinct.starts_with("shm oneshot fused"), distinct);
+}

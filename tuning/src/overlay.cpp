@@ -15,18 +15,25 @@ using detail::printable;
 using detail::size_cell;
 using detail::yaml_quoted;
 
-// What a cell is keyed by: a group without its dtype.
+// What a cell is keyed by: a group without its dtype. A distinct residual
+// (and allreduce's none) writes no residual key: such cells serve every call,
+// and a replicated one's cell, keyed, wins over them for its calls.
 struct Scope {
   Capability capability;
   std::uint32_t world_size = 0;
   std::uint32_t nodes = 1;
   Pattern pattern = Pattern::kAllreduce;
+  bool replicated = false;
   friend auto operator<=>(const Scope&, const Scope&) = default;
 
+  static Scope of(const GroupKey& k) {
+    return {k.capability, k.world_size, k.nodes, k.pattern, k.replicated()};
+  }
   std::string to_string() const {
     return "capability " + capability_name(capability) + ", world size " +
            std::to_string(world_size) + ", " + std::to_string(nodes) +
-           (nodes == 1 ? " node, " : " nodes, ") + std::string(pattern_name(pattern));
+           (nodes == 1 ? " node, " : " nodes, ") + std::string(pattern_name(pattern)) +
+           (replicated ? ", residual replicated" : "");
   }
 };
 
@@ -77,6 +84,7 @@ std::string cell_line(const OverlayCell& c) {
                   ", world_size: " + std::to_string(c.world_size);
   if (c.nodes != 0) s += ", nodes: " + std::to_string(c.nodes);
   s += ", pattern: " + std::string(pattern_name(c.pattern));
+  if (c.residual) s += ", residual: " + std::string(residual_name(*c.residual));
   s += ", max: " + (c.off ? std::string("off") : size_cell(c.bytes)) + "}";
   return s;
 }
@@ -118,7 +126,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   std::map<Scope, std::vector<Derived>> oneshot_by_scope;
   std::map<Scope, bool> has_trtllm;
   for (const Group& g : groups) {
-    const Scope scope{g.key.capability, g.key.world_size, g.key.nodes, g.key.pattern};
+    const Scope scope = Scope::of(g.key);
     fusion_by_scope[scope].push_back({&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct)}});
     oneshot_by_scope[scope].push_back(Derived{g.key.dtype, oneshot_cap(g, options.margin_pct)});
     for (const Curve& c : g.curves) {
@@ -146,6 +154,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     cell.world_size = scope.world_size;
     cell.nodes = scope.nodes > 1 ? scope.nodes : 0;
     cell.pattern = scope.pattern;
+    if (scope.replicated) cell.residual = Residual::kReplicated;
     cell.off = chosen->cap.kind == Cap::Kind::kOff;
     cell.bytes = chosen->cap.bytes;
     bool disagree = false;
@@ -158,11 +167,14 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     overlay.fusion.push_back(std::move(cell));
   }
   for (const OverlayCell& c : overlay.fusion) {
-    fusion_cell[Scope{c.capability, c.world_size, c.nodes == 0 ? 1 : c.nodes, c.pattern}] = &c;
+    fusion_cell[Scope{c.capability, c.world_size, c.nodes == 0 ? 1 : c.nodes, c.pattern,
+                      c.residual.has_value()}] = &c;
   }
 
-  for (const auto& [scope, caps] : oneshot_by_scope) {
-    if (scope.nodes != 1 || !has_trtllm[scope]) continue;
+  // A one-shot cell for `scope` from the caps of its dtypes; `what` names
+  // the cap ("one-shot cap", "shm one-shot split").
+  auto oneshot_cell = [&](const Scope& scope, const std::vector<Derived>& caps,
+                          const std::string& what) {
     const Derived* chosen = smallest(caps);
     if (!chosen) {
       std::string why;
@@ -170,43 +182,70 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
         why += (why.empty() ? "" : "; ") + std::string(dtype_name(d.dtype)) + ": " + d.cap.why;
       }
       overlay.notes.push_back(scope.to_string() + ": no one-shot cell (" + why + ")");
-      continue;
+      return;
     }
     if (chosen->cap.kind == Cap::Kind::kOff) {
       overlay.notes.push_back(
           scope.to_string() + ": no one-shot cell: " + std::string(dtype_name(chosen->dtype)) +
-          " one-shot cap " + chosen->cap.text() + "; a one-shot cell cannot say off");
-      continue;
+          " " + what + " " + chosen->cap.text() + "; a one-shot cell cannot say off");
+      return;
     }
     OverlayCell cell;
     cell.capability = scope.capability;
     cell.world_size = scope.world_size;
     cell.pattern = scope.pattern;
+    if (scope.replicated) cell.residual = Residual::kReplicated;
     cell.bytes = chosen->cap.bytes;
     bool disagree = false;
-    cell.comment =
-        scope.to_string() + "\n" + dtype_comment(caps, *chosen, "one-shot cap", &disagree);
+    cell.comment = scope.to_string() + "\n" + dtype_comment(caps, *chosen, what, &disagree);
     if (disagree) {
-      overlay.notes.push_back(scope.to_string() +
-                              ": the dtypes measured give different one-shot caps; the smaller "
-                              "is written");
+      overlay.notes.push_back(scope.to_string() + ": the dtypes measured give different " + what +
+                              "s; the smaller is written");
     }
-    const auto f = fusion_cell.find(scope);
+    // The fusion cell that covers it: its own, else (replicated) the unkeyed one.
+    auto f = fusion_cell.find(scope);
+    if (f == fusion_cell.end() && scope.replicated) {
+      Scope unkeyed = scope;
+      unkeyed.replicated = false;
+      f = fusion_cell.find(unkeyed);
+    }
     if (f != fusion_cell.end() && !f->second->off && f->second->bytes < cell.bytes) {
       cell.comment += "\nlowered to the fusion cap " + format_size(f->second->bytes) +
                       ": above it nothing is fused";
-      overlay.notes.push_back(scope.to_string() + ": one-shot cap " + format_size(cell.bytes) +
+      overlay.notes.push_back(scope.to_string() + ": " + what + " " + format_size(cell.bytes) +
                               " lowered to the fusion cap " + format_size(f->second->bytes));
       cell.bytes = f->second->bytes;
     }
     overlay.oneshot.push_back(std::move(cell));
+  };
+
+  for (const auto& [scope, caps] : oneshot_by_scope) {
+    if (scope.nodes != 1 || !has_trtllm[scope]) continue;
+    oneshot_cell(scope, caps, "one-shot cap");
   }
 
   for (const char* backend : kThresholdBackends) {
     std::vector<std::pair<const Group*, Cap>> splits;
+    std::map<Scope, std::vector<Derived>> replicated_splits;
     for (const Group& g : groups) {
       Cap cap = split_cap(g, backend, options.margin_pct);
-      if (cap.kind != Cap::Kind::kNone) splits.emplace_back(&g, std::move(cap));
+      if (cap.kind == Cap::Kind::kNone) continue;
+      if (!g.key.replicated()) {
+        splits.emplace_back(&g, std::move(cap));
+      } else if (g.key.capability.is_cpu()) {
+        // The threshold serves every call: a split measured with a
+        // replicated residual holds only for such calls, so it becomes a
+        // cpu one-shot cell keyed by the residual instead.
+        replicated_splits[Scope::of(g.key)].push_back(Derived{g.key.dtype, std::move(cap)});
+      } else {
+        overlay.notes.push_back(g.key.to_string() + ": " + backend + " one-shot split " +
+                                cap.text() +
+                                " not written: oneshot_max_total serves every call, and only "
+                                "cpu one-shot cells can key a split by the residual");
+      }
+    }
+    for (const auto& [scope, caps] : replicated_splits) {
+      oneshot_cell(scope, caps, std::string(backend) + " one-shot split");
     }
     if (splits.empty()) continue;
     OverlayThreshold t;
@@ -250,7 +289,9 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "# the groups that measured its one-shot and two-shot.\n";
   y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";
   y += "# alone, and by nodes when the job spans several. The tables are not keyed by\n";
-  y += "# dtype: each cell says which dtype was measured.\n";
+  y += "# dtype: each cell says which dtype was measured. Calls measured with a replicated\n";
+  y += "# residual (bench --residual-replicated) write cells keyed `residual: replicated`;\n";
+  y += "# on cpu their shm split is such a one-shot cell, never oneshot_max_total.\n";
   y += "format: 1\n\n";
 
   std::string source;

@@ -11,6 +11,7 @@ Request group_request(const GroupKey& key, const TopologyFlags& topology) {
   r.multicast = topology.multicast;
   r.dtype = key.dtype;
   r.pattern = key.pattern;
+  r.residual_replicated = key.replicated();
   return r;
 }
 

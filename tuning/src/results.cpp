@@ -287,6 +287,21 @@ Row parse_row(RowParser& p, const std::string& file, std::uint32_t line) {
   r.latency_us = p.latency("latency_us");
   r.device = std::string(p.field("device"));
 
+  // The residual: only once the pattern is known (a refused one says nothing).
+  const std::string_view residual = p.field("residual");
+  if (parse_pattern(p.field("pattern"))) {
+    if (r.pattern == Pattern::kAllreduce) {
+      if (!residual.empty()) {
+        p.error("residual", quoted(residual) +
+                                " given for pattern allreduce, which has no residual; leave it "
+                                "empty");
+      }
+    } else {
+      r.residual =
+          residual.empty() ? Residual::kDistinct : p.name("residual", parse_residual(residual));
+    }
+  }
+
   if (r.backend.empty()) p.error("backend", "empty; name the backend measured");
   if (r.algorithm.empty()) p.error("algorithm", "empty; name the algorithm measured");
   if (r.fused && !r.backend.empty()) {

@@ -1,8 +1,9 @@
 // Measurements grouped into latency curves, and the caps they imply.
 //
 // Grouping: rows are grouped by (capability, world size, nodes, pattern,
-// dtype). Within a group a curve is one option (backend, algorithm, fused)
-// and a point is (bytes, latency).
+// dtype, residual): calls with a replicated residual are a group of their
+// own, since the tables may key their cells by it. Within a group a curve is one option (backend,
+// algorithm, fused) and a point is (bytes, latency).
 //
 // Duplicates: several rows for the same option and bytes (several hidden
 // sizes, runs or files) make one point whose latency is their median (the
@@ -48,9 +49,13 @@ struct GroupKey {
   std::uint32_t nodes = 1;
   Pattern pattern = Pattern::kAllreduce;
   Dtype dtype = Dtype::kBf16;
+  // As Row::residual: nullopt for allreduce, else replicated or distinct.
+  std::optional<Residual> residual;
 
   friend auto operator<=>(const GroupKey&, const GroupKey&) = default;
-  // "capability 90, world size 2, 1 node, residual_rmsnorm, bf16"
+  bool replicated() const { return residual == Residual::kReplicated; }
+  // "capability 90, world size 2, 1 node, residual_rmsnorm, bf16", then
+  // ", residual replicated" for a replicated residual.
   std::string to_string() const;
 };
 

@@ -6,7 +6,8 @@
 //            group spans several nodes. A single-node cell carries no
 //            `nodes` key, like the default cells: it also covers multi-node
 //            jobs of that world size unless a nodes-keyed cell does.
-//   oneshot  {capability, world_size, pattern, max} (single-node trtllm).
+//   oneshot  {capability, world_size, pattern, max} (single-node trtllm;
+//            cpu: a replicated residual's shm split, below).
 // The tables are not keyed by dtype: each cell's comment names the dtype
 // measured. When several dtypes of one (capability, world size, nodes,
 // pattern) give different caps the smaller is written (`off` is smaller than
@@ -21,9 +22,21 @@
 // split x world size; the smallest is written, so one-shot runs only where
 // every group measured it winning. A group where one-shot lost from the
 // smallest size writes none (the note says so).
+//
+// Groups measured with a replicated residual (ARBITER_RUN_RESIDUAL_REPLICATED,
+// `arbiter bench --residual-replicated`) write cells keyed `residual:
+// replicated`, which win over the unkeyed cells for such calls only; the
+// other groups write no residual key. Their split never feeds
+// oneshot_max_total (it serves every call): on capability cpu it is a
+// one-shot cell {capability: cpu, world_size, pattern, residual: replicated,
+// max: split}, which shm consults before its threshold; by the rules above,
+// none (a note) when two-shot won from the smallest compared size. On GPUs
+// (mnnvl) such a split is a note: only cpu one-shot cells set a threshold
+// backend's split.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +58,7 @@ struct OverlayCell {
   std::uint32_t world_size = 0;
   std::uint32_t nodes = 0;  // 0: no nodes key
   Pattern pattern = Pattern::kAllreduce;
+  std::optional<Residual> residual;  // set (replicated) for replicated groups only
   bool off = false;
   std::uint64_t bytes = 0;
   std::string comment;  // without the leading '#'

@@ -3,9 +3,10 @@
 //
 // At every measured size of a group the tables decide on a Request built
 // from the group and the rows at that size (capability, world size, nodes,
-// dtype, pattern, bytes; tokens and hidden of the row with the fewest tokens
-// there, the conservative case for the two-shot token rule; the topology
-// flags from TopologyFlags). The decision is matched to a measured option:
+// dtype, pattern, whether the residual is replicated, bytes; tokens and
+// hidden of the row with the fewest tokens there, the conservative case for
+// the two-shot token rule; the topology flags from TopologyFlags). The decision is matched to a
+// measured option:
 //   fused     the curve with the same (backend, algorithm, fused = 1);
 //   unfused   the best unfused (fused = 0) row at that size, whatever its
 //             backend: the tables name the fallback, the benchmark may call

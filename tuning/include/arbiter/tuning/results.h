@@ -29,6 +29,10 @@
 //   latency_us   a finite number > 0
 //   device       optional column; when absent or empty the file's
 //                `# device:` provenance applies
+//   residual     optional column: replicated (every rank passed the same
+//                residual_in, ARBITER_RUN_RESIDUAL_REPLICATED) | distinct;
+//                absent or empty means distinct for the residual patterns.
+//                Empty (or absent) for pattern allreduce, which has none
 // Names are case-sensitive, as in the tables. Errors name the file, the line
 // and the column: `results.csv:14: error: column latency_us: "abc" is not a
 // number`.
@@ -67,6 +71,9 @@ struct Row {
   bool fused = false;
   double latency_us = 0;
   std::string device;  // empty: unknown
+  // The residual as the tables key it (Request::residual()): nullopt for
+  // pattern allreduce, else replicated or distinct.
+  std::optional<Residual> residual;
 
   std::string where() const { return file + ":" + std::to_string(line); }
 };

@@ -1,0 +1,70 @@
+// `arbiter bench`'s sweep and call arguments, without ranks:
+// --residual-replicated puts ARBITER_RUN_RESIDUAL_REPLICATED on every call of
+// a residual pattern (never on allreduce), and is refused for allreduce alone.
+#define BOOST_TEST_MODULE tools_bench_args
+#include <boost/test/unit_test.hpp>
+
+#include "bench_check.h"
+#include "bench_sweep.h"
+
+using namespace arbiter;
+using namespace arbiter::cli;
+using namespace arbiter::cli::bench;
+
+namespace {
+
+Settings settings_of(std::vector<std::string> args) {
+  po::options_description desc;
+  add_options(desc);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  po::notify(vm);
+  return read_settings(vm);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(residual_replicated_reaches_every_residual_call) {
+  Settings s = settings_of({"--residual-replicated", "--pattern",
+                            "allreduce,residual_rmsnorm,residual_rmsnorm_fp8", "--tokens", "1,4"});
+  BOOST_TEST(s.residual_replicated);
+  resolve(s, DeviceKind::kCpu);
+  const std::vector<Point> points = make_sweep(s);
+  BOOST_TEST_REQUIRE(points.size() == 6u);
+  Buffers buffers;
+  for (const Point& p : points) {
+    BOOST_TEST_CONTEXT(pattern_name(p.pattern) << " x " << p.tokens) {
+      const arbiter_allreduce_args a = make_args(p, buffers);
+      const bool flagged = (a.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0;
+      if (p.pattern == Pattern::kAllreduce) {
+        BOOST_TEST(!p.residual_replicated);
+        BOOST_TEST(!p.residual().has_value());
+        BOOST_TEST(!flagged);
+      } else {
+        BOOST_TEST(p.residual_replicated);
+        BOOST_TEST((p.residual() == Residual::kReplicated));
+        BOOST_TEST(flagged);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(without_the_flag_no_call_carries_it) {
+  Settings s = settings_of({"--pattern", "allreduce,residual_rmsnorm"});
+  BOOST_TEST(!s.residual_replicated);
+  resolve(s, DeviceKind::kCpu);
+  for (const Point& p : make_sweep(s)) {
+    BOOST_TEST((make_args(p, Buffers{}).flags & ARBITER_RUN_RESIDUAL_REPLICATED) == 0u);
+    if (p.pattern != Pattern::kAllreduce) BOOST_TEST((p.residual() == Residual::kDistinct));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(residual_replicated_with_allreduce_alone_is_a_usage_error) {
+  try {
+    (void)settings_of({"--residual-replicated", "--pattern", "allreduce"});
+    BOOST_FAIL("accepted");
+  } catch (const UsageError& e) {
+    BOOST_TEST(e.message.starts_with("--residual-replicated: pattern allreduce has no residual"),
+               e.message);
+  }
+}
