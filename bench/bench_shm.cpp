@@ -556,8 +556,7 @@ int main(int argc, char** argv) {
         "trials=%d load=%d wait=%s owners_from=%s baseline=%s%s\n",
         boot.world_size(), hidden, opt.trials, opt.load,
         std::getenv("ARBITER_SHM_WAIT") != nullptr ? std::getenv("ARBITER_SHM_WAIT") : "default",
-        std::getenv("ARBITER_SHM_OWNERS_FROM"),
-        opt.baseline_wait.empty() ? "" : "wait=",
+        std::getenv("ARBITER_SHM_OWNERS_FROM"), opt.baseline_wait.empty() ? "" : "wait=",
         !opt.baseline_wait.empty() ? opt.baseline_wait.c_str()
         : opt.baseline.empty()     ? "none"
                                    : opt.baseline.c_str());

@@ -22,11 +22,11 @@
 #include "arbiter_backend.h"
 #include "backoff.h"
 #include "faults.h"
+#include "owners_threshold.h"
 #include "registered.h"
 #include "shared_layout.h"
 #include "status.h"
 #include "token_kernels.h"
-#include "owners_threshold.h"
 #include "wait_policy.h"
 
 namespace arbiter::shm {

@@ -47,7 +47,7 @@ struct Hello {
   std::uint32_t hidden;
   std::int32_t pid;
   std::uint64_t max_message_bytes;
-  std::uint64_t slot_bytes;  // from max_message_bytes and hidden (0 when the spec is bad)
+  std::uint64_t slot_bytes;         // from max_message_bytes and hidden (0 when the spec is bad)
   std::uint64_t owners_from_bytes;  // ARBITER_SHM_OWNERS_FROM
   std::uint64_t pid_namespace;
   char host[kNameBytes];

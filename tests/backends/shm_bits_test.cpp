@@ -647,8 +647,10 @@ BOOST_AUTO_TEST_CASE(the_owners_path_starts_at_its_threshold_on_every_rank) {
   BOOST_TEST_REQUIRE(bytes >= 1024u);
   // "": unset (the default, 4 MiB: staged); just above this call; at it
   // (inclusive); with a unit.
-  const std::pair<std::string, bool> settings[] = {
-      {"", false}, {std::to_string(bytes + 2), false}, {std::to_string(bytes), true}, {"1KiB", true}};
+  const std::pair<std::string, bool> settings[] = {{"", false},
+                                                   {std::to_string(bytes + 2), false},
+                                                   {std::to_string(bytes), true},
+                                                   {"1KiB", true}};
   for (const auto& [value, takes_owners] : settings) {
     BOOST_TEST_CONTEXT("ARBITER_SHM_OWNERS_FROM=" << value) {
       if (value.empty()) {

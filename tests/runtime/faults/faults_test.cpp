@@ -308,10 +308,10 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
       BOOST_TEST_CONTEXT(ranks << " ranks, check mode " << check_mode) {
         // ARBITER_SHM_OWNERS_FROM=0: the owners' path (the outputs case)
         // at this call's size.
-        const Run run = start(ranks, "mismatch", "", -1,
-                              std::string(check_mode ? "ARBITER_CHECK_CALLS=1"
-                                                     : "ARBITER_CHECK_CALLS=0") +
-                                  " ARBITER_SHM_OWNERS_FROM=0");
+        const Run run =
+            start(ranks, "mismatch", "", -1,
+                  std::string(check_mode ? "ARBITER_CHECK_CALLS=1" : "ARBITER_CHECK_CALLS=0") +
+                      " ARBITER_SHM_OWNERS_FROM=0");
         const std::string odd = "rank " + std::to_string(ranks - 1);
         for (const Expect& c : cases) {
           const bool only_in_check_mode = std::string(c.name).rfind("dtype", 0) == 0;
