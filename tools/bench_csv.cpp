@@ -56,8 +56,8 @@ void CsvWriter::provenance(const std::vector<std::pair<std::string, std::string>
 
 void CsvWriter::header() {
   out_ << "capability,world_size,nodes,dtype,hidden,num_tokens,bytes,pattern,residual,backend,"
-          "algorithm,fused,latency_us,p10_us,p90_us,trials,iterations,device,status,skipped,"
-          "reason\n";
+          "algorithm,fused,buffers,latency_us,p10_us,p90_us,trials,iterations,device,status,"
+          "skipped,reason\n";
   out_.flush();
 }
 
@@ -69,12 +69,12 @@ void CsvWriter::row(const RunContext& c, const Row& r) {
        << pattern_name(p.pattern) << ','
        << (p.residual() ? residual_name(*p.residual()) : std::string_view()) << ','
        << backend_name(r.option.backend) << ',' << algorithm_name(r.option.algorithm) << ','
-       << (r.option.fused ? 1 : 0) << ',' << (ok ? number(r.latency_us) : "") << ','
-       << (ok ? number(r.p10_us) : "") << ',' << (ok ? number(r.p90_us) : "") << ','
-       << (ok ? std::to_string(r.trials) : "") << ',' << (ok ? std::to_string(r.iterations) : "")
-       << ',' << csv_field(c.device) << ',' << status_name(r.status) << ','
-       << (r.status == Row::Status::kSkipped ? 1 : 0) << ',' << csv_field(one_line(r.reason))
-       << "\n";
+       << (r.option.fused ? 1 : 0) << ',' << (r.option.registered ? "registered" : "copied") << ','
+       << (ok ? number(r.latency_us) : "") << ',' << (ok ? number(r.p10_us) : "") << ','
+       << (ok ? number(r.p90_us) : "") << ',' << (ok ? std::to_string(r.trials) : "") << ','
+       << (ok ? std::to_string(r.iterations) : "") << ',' << csv_field(c.device) << ','
+       << status_name(r.status) << ',' << (r.status == Row::Status::kSkipped ? 1 : 0) << ','
+       << csv_field(one_line(r.reason)) << "\n";
   out_.flush();
 }
 

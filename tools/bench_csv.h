@@ -4,10 +4,12 @@
 // `# key: value` provenance lines, then the header, then one row per
 // (point, option), written as measured:
 //   capability,world_size,nodes,dtype,hidden,num_tokens,bytes,pattern,
-//   residual,backend,algorithm,fused,latency_us,p10_us,p90_us,trials,
-//   iterations,device,status,skipped,reason
+//   residual,backend,algorithm,fused,buffers,latency_us,p10_us,p90_us,
+//   trials,iterations,device,status,skipped,reason
 // residual is replicated (--residual-replicated: the calls carried
 // ARBITER_RUN_RESIDUAL_REPLICATED) or distinct, empty for allreduce;
+// buffers is registered (--registered: the call's input and outputs lay in
+// registered memory) or copied;
 // latency_us is the median over trials of the slowest rank's time per call,
 // p10_us/p90_us the 10th/90th percentiles of the same; status is ok,
 // skipped (the option cannot take this point: skipped = 1 and the reason)

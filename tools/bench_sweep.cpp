@@ -88,8 +88,11 @@ void add_options(po::options_description& desc) {
       "patterns: allreduce, residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp4")(
       "residual-replicated", po::bool_switch(),
       "every rank passes the same residual: the residual patterns' calls carry "
-      "ARBITER_RUN_RESIDUAL_REPLICATED")("warmup", po::value<std::string>(),
-                                         "untimed trials first (default 2)")(
+      "ARBITER_RUN_RESIDUAL_REPLICATED")(
+      "registered", po::bool_switch(),
+      "measure every option a second time with the call's input and outputs in registered "
+      "memory (rows say buffers registered)")("warmup", po::value<std::string>(),
+                                              "untimed trials first (default 2)")(
       "trials", po::value<std::string>(), "timed trials per point (default CPU 5, GPU 20)")(
       "iterations", po::value<std::string>(),
       "calls per trial (default CPU 4, GPU 10; one CUDA graph per trial on GPUs)")(
@@ -131,6 +134,7 @@ Settings read_settings(const po::variables_map& vm) {
         "--residual-replicated: pattern allreduce has no residual; drop the flag or give a "
         "residual pattern such as --pattern residual_rmsnorm"};
   }
+  s.registered = vm["registered"].as<bool>();
   auto count = [&](const char* flag, std::uint64_t low) -> std::optional<int> {
     if (!vm.count(flag)) return std::nullopt;
     return static_cast<int>(whole(flag, vm[flag].as<std::string>(), low, 100000));
@@ -210,10 +214,10 @@ std::vector<Point> make_sweep(const Settings& s) {
 
 std::string Option::label() const {
   return std::string(backend_name(backend)) + " " + std::string(algorithm_name(algorithm)) +
-         (fused ? " fused" : " unfused");
+         (fused ? " fused" : " unfused") + (registered ? " registered" : "");
 }
 
-std::vector<Option> options_for(const Tables& tables, DeviceKind kind) {
+std::vector<Option> options_for(const Tables& tables, DeviceKind kind, bool registered) {
   std::vector<Backend> fused;
   const std::vector<Topology> topologies =
       kind == DeviceKind::kCpu ? std::vector<Topology>{Topology::kCpu}
@@ -235,6 +239,14 @@ std::vector<Option> options_for(const Tables& tables, DeviceKind kind) {
     }
   }
   if (fallback != Backend::kNone) options.push_back({fallback, Algorithm::kNative, false});
+  if (registered) {
+    const std::size_t copied = options.size();
+    for (std::size_t i = 0; i < copied; ++i) {
+      Option o = options[i];
+      o.registered = true;
+      options.push_back(o);
+    }
+  }
   return options;
 }
 

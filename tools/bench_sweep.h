@@ -39,6 +39,9 @@ struct Settings {
   // --residual-replicated: every call of a residual pattern carries
   // ARBITER_RUN_RESIDUAL_REPLICATED (the ranks' residual_in are the same).
   bool residual_replicated = false;
+  // --registered: every option is measured a second time with the call's
+  // input and outputs in registered memory (Communicator::alloc_registered).
+  bool registered = false;
   std::optional<int> warmup, trials, iterations;
   std::string output;                  // empty: stdout (rank 0)
   std::optional<std::uint32_t> nodes;  // unset: the hosts the ranks run on
@@ -85,16 +88,19 @@ struct Option {
   Backend backend = Backend::kNone;
   Algorithm algorithm = Algorithm::kNative;
   bool fused = false;
-  // "shm oneshot fused", "nccl native unfused"
+  // The call's input and outputs lie in registered memory.
+  bool registered = false;
+  // "shm oneshot fused", "nccl native unfused", "shm twoshot fused registered"
   std::string label() const;
 };
 
 // The fused backends of the tables' preference lists for `kind` (CPU: cpu;
 // GPU: single_node, then multi_node), each with the algorithms its rule
 // picks between (one-shot and two-shot; native for `algorithm: native`),
-// then the fallback's native, unfused path. Allowed or not, available or
-// not: run_on() says why one cannot run.
-std::vector<Option> options_for(const Tables& tables, DeviceKind kind);
+// then the fallback's native, unfused path; with `registered`, every one of
+// them again with registered buffers. Allowed or not, available or not:
+// run_on() (or the registered allocation) says why one cannot run.
+std::vector<Option> options_for(const Tables& tables, DeviceKind kind, bool registered = false);
 
 // Sorted-sample percentile with linear interpolation (q in [0, 1]).
 double percentile(std::vector<double> values, double q);

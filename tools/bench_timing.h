@@ -57,14 +57,31 @@ class Runner {
   virtual void prepare(const std::vector<Point>& points, int rank) = 0;
   virtual const Buffers& buffers() const = 0;
 
-  // Fills every output of `point` with 0xFF bytes (NaN in every dtype, and
-  // in e4m3), so that an output a call does not write fails the check.
-  virtual void poison(const Point& point) = 0;
+  // `arbiter bench --registered`: after prepare(), the same buffers with the
+  // input (same values) and every output in memory `comm` registers
+  // (Communicator::alloc_registered, collective: every rank calls it).
+  // Returns "" when they are ready, else why not; nothing is then allocated.
+  // Replaces earlier registered buffers.
+  virtual std::string prepare_registered(Communicator& comm, const std::vector<Point>& points) {
+    (void)comm;
+    (void)points;
+    return "this runner has no registered buffers: no GPU module allocates registered memory "
+           "yet (docs/registered-buffers.md)";
+  }
+  // REQUIRES: prepare_registered() returned "".
+  virtual const Buffers& registered_buffers() const { return buffers(); }
+  // Frees them (local); call before `comm` ends.
+  virtual void release_registered(Communicator& comm) { (void)comm; }
+
+  // Fills every output `point` writes in `buffers` (buffers() or
+  // registered_buffers()) with 0xFF bytes (NaN in every dtype, and in e4m3),
+  // so that an output a call does not write fails the check.
+  virtual void poison(const Point& point, const Buffers& buffers) = 0;
   // One call, complete on return.
   virtual Communicator::Result call(Communicator& comm, const Option& option,
                                     const arbiter_allreduce_args& args) = 0;
-  // The outputs of `point`, copied to the host.
-  virtual Outputs read_outputs(const Point& point) = 0;
+  // The outputs of `point` in `buffers`, copied to the host.
+  virtual Outputs read_outputs(const Point& point, const Buffers& buffers) = 0;
 
   // `timing.warmup` untimed trials, then `timing.trials` timed ones, each
   // after a barrier. Collective. REQUIRES: call() with the same option and

@@ -113,13 +113,13 @@ class CudaRunner final : public Runner {
 
   const Buffers& buffers() const override { return buffers_; }
 
-  void poison(const Point& point) override {
+  void poison(const Point& point, const Buffers& b) override {
     const OutputSizes s = output_sizes(point);
-    const std::pair<void*, std::size_t> outputs[] = {{buffers_.allreduce_out, s.allreduce_out},
-                                                     {buffers_.residual_out, s.residual_out},
-                                                     {buffers_.norm_out, s.norm_out},
-                                                     {buffers_.quant_out, s.quant_out},
-                                                     {buffers_.scale_out, s.scale_out}};
+    const std::pair<void*, std::size_t> outputs[] = {{b.allreduce_out, s.allreduce_out},
+                                                     {b.residual_out, s.residual_out},
+                                                     {b.norm_out, s.norm_out},
+                                                     {b.quant_out, s.quant_out},
+                                                     {b.scale_out, s.scale_out}};
     for (const auto& [pointer, bytes] : outputs) {
       if (bytes) check(cudaMemsetAsync(pointer, 0xFF, bytes, stream_), "cudaMemsetAsync");
     }
@@ -138,16 +138,16 @@ class CudaRunner final : public Runner {
     return r;
   }
 
-  Outputs read_outputs(const Point& point) override {
+  Outputs read_outputs(const Point& point, const Buffers& b) override {
     const OutputSizes s = output_sizes(point);
     auto copy = [](const void* from, std::size_t bytes) {
       std::vector<std::uint8_t> v(bytes);
       if (bytes) check(cudaMemcpy(v.data(), from, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
       return v;
     };
-    return {copy(buffers_.allreduce_out, s.allreduce_out),
-            copy(buffers_.residual_out, s.residual_out), copy(buffers_.norm_out, s.norm_out),
-            copy(buffers_.quant_out, s.quant_out), copy(buffers_.scale_out, s.scale_out)};
+    return {copy(b.allreduce_out, s.allreduce_out), copy(b.residual_out, s.residual_out),
+            copy(b.norm_out, s.norm_out), copy(b.quant_out, s.quant_out),
+            copy(b.scale_out, s.scale_out)};
   }
 
   Timed time(Communicator& comm, Bootstrap& boot, const Option& option,

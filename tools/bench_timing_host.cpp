@@ -2,8 +2,10 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include "bench_timing.h"
 
@@ -85,13 +87,59 @@ class HostRunner final : public Runner {
 
   const Buffers& buffers() const override { return buffers_; }
 
-  void poison(const Point& point) override {
+  // One allocation: the input, then each output, each part on its own page
+  // (the same offsets on every rank, as a registered call needs).
+  std::string prepare_registered(Communicator& comm, const std::vector<Point>& points) override {
+    release_registered(comm);
+    std::size_t elements = 0;
+    for (const Point& p : points) elements = std::max(elements, std::size_t{p.tokens} * p.hidden);
+    const Dtype dtype = points.empty() ? Dtype::kBf16 : points.front().dtype;
+    const OutputSizes out = largest_outputs(points);
+    const std::size_t sizes[] = {elements * static_cast<std::size_t>(element_size(dtype)),
+                                 out.allreduce_out,
+                                 out.residual_out,
+                                 out.norm_out,
+                                 out.quant_out,
+                                 out.scale_out};
+    constexpr std::size_t kPage = 4096;
+    std::size_t offsets[std::size(sizes)] = {};
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < std::size(sizes); ++i) {
+      offsets[i] = total;
+      total += (sizes[i] + kPage - 1) / kPage * kPage;
+    }
+    void* data = nullptr;
+    const Communicator::Result r =
+        comm.alloc_registered(std::max<std::size_t>(total, kPage), &data);
+    if (r.status != ARBITER_OK) return r.error;
+    registered_ = data;
+    auto* base = static_cast<std::byte*>(data);
+    std::memcpy(base, input_.data(), sizes[0]);
+    registered_buffers_ = buffers_;
+    registered_buffers_.input = base;
+    registered_buffers_.allreduce_out = base + offsets[1];
+    registered_buffers_.residual_out = base + offsets[2];
+    registered_buffers_.norm_out = base + offsets[3];
+    registered_buffers_.quant_out = base + offsets[4];
+    registered_buffers_.scale_out = base + offsets[5];
+    return "";
+  }
+
+  const Buffers& registered_buffers() const override { return registered_buffers_; }
+
+  void release_registered(Communicator& comm) override {
+    if (registered_ != nullptr) (void)comm.free_registered(registered_);
+    registered_ = nullptr;
+    registered_buffers_ = Buffers{};
+  }
+
+  void poison(const Point& point, const Buffers& b) override {
     const OutputSizes s = output_sizes(point);
-    std::memset(buffers_.allreduce_out, 0xFF, s.allreduce_out);
-    std::memset(buffers_.residual_out, 0xFF, s.residual_out);
-    std::memset(buffers_.norm_out, 0xFF, s.norm_out);
-    std::memset(buffers_.quant_out, 0xFF, s.quant_out);
-    std::memset(buffers_.scale_out, 0xFF, s.scale_out);
+    std::memset(b.allreduce_out, 0xFF, s.allreduce_out);
+    std::memset(b.residual_out, 0xFF, s.residual_out);
+    std::memset(b.norm_out, 0xFF, s.norm_out);
+    std::memset(b.quant_out, 0xFF, s.quant_out);
+    std::memset(b.scale_out, 0xFF, s.scale_out);
   }
 
   Communicator::Result call(Communicator& comm, const Option& option,
@@ -99,15 +147,15 @@ class HostRunner final : public Runner {
     return comm.run_on(option.backend, option.algorithm, args, nullptr);
   }
 
-  Outputs read_outputs(const Point& point) override {
+  Outputs read_outputs(const Point& point, const Buffers& b) override {
     const OutputSizes s = output_sizes(point);
     auto copy = [](void* from, std::size_t bytes) {
       const auto* p = static_cast<const std::uint8_t*>(from);
       return std::vector<std::uint8_t>(p, p + bytes);
     };
-    return {copy(buffers_.allreduce_out, s.allreduce_out),
-            copy(buffers_.residual_out, s.residual_out), copy(buffers_.norm_out, s.norm_out),
-            copy(buffers_.quant_out, s.quant_out), copy(buffers_.scale_out, s.scale_out)};
+    return {copy(b.allreduce_out, s.allreduce_out), copy(b.residual_out, s.residual_out),
+            copy(b.norm_out, s.norm_out), copy(b.quant_out, s.quant_out),
+            copy(b.scale_out, s.scale_out)};
   }
 
   Timed time(Communicator& comm, Bootstrap& boot, const Option& option,
@@ -142,6 +190,8 @@ class HostRunner final : public Runner {
   Block input_, residual_, gamma_, allreduce_out_, residual_out_, norm_out_, quant_out_, scale_out_;
   float scale_ = kQuantScale;
   Buffers buffers_;
+  void* registered_ = nullptr;  // the registered allocation, or nullptr
+  Buffers registered_buffers_;
 };
 
 }  // namespace

@@ -51,7 +51,9 @@ constexpr const char* kBenchUsage =
     "barrier; the latency is the median over trials of the slowest rank's time per call.\n"
     "With --residual-replicated every call of a residual pattern carries\n"
     "ARBITER_RUN_RESIDUAL_REPLICATED (every rank passes the same residual_in, as under tensor\n"
-    "parallelism); the CSV's residual column says which was measured.\n"
+    "parallelism); the CSV's residual column says which was measured. With --registered every\n"
+    "option is measured again with the call's input and outputs in registered memory\n"
+    "(Communicator::alloc_registered: the zero-copy path); the buffers column says which.\n"
     "\n"
     "Rank 0 writes the CSV (`arbiter tune` and `arbiter plot` read it) to -o FILE, else to\n"
     "stdout (under `arbiter launch`, stdout lines carry a rank prefix: use -o). Options\n"
@@ -218,23 +220,30 @@ class Bench {
   // One option at one point: every rank returns the same row (rank 0's
   // words). Sets `fatal` when the job can no longer continue (a collective
   // failed, or ranks disagreed).
+  // `no_registered`: why the registered options cannot run ("" when they can).
   Row measure(Communicator& comm, const Point& p, const Option& o,
-              std::optional<Reference>& reference, bool& fatal) {
+              std::optional<Reference>& reference, const std::string& no_registered, bool& fatal) {
     Row row;
     row.point = p;
     row.option = o;
     row.trials = timing_.trials;
     row.iterations = timing_.iterations;
-    const arbiter_allreduce_args args = make_args(p, runner_.buffers());
+    if (o.registered && !no_registered.empty()) {
+      row.status = Row::Status::kSkipped;
+      row.reason = "no registered buffers: " + no_registered;
+      return row;
+    }
+    const Buffers& buffers = o.registered ? runner_.registered_buffers() : runner_.buffers();
+    const arbiter_allreduce_args args = make_args(p, buffers);
     const bool checked = p.bytes <= kMaxCheckedBytes;
-    if (checked) runner_.poison(p);
+    if (checked) runner_.poison(p, buffers);
     const Communicator::Result r = runner_.call(comm, o, args);
     Verdict mine;
     mine.status = r.status;
     std::string text = r.error;
     if (r.status == ARBITER_OK && checked) {
       if (!reference) reference.emplace(p, boot_.world_size());
-      text = reference->check(runner_.read_outputs(p));
+      text = reference->check(runner_.read_outputs(p, buffers));
       mine.wrong = text.empty() ? 0 : 1;
     }
     std::snprintf(mine.message, sizeof mine.message, "%s", text.c_str());
@@ -382,7 +391,7 @@ int cmd_bench(const Args& args) {
   discover.probe = {static_cast<arbiter_device_kind>(kind), runner->info().device};
   const Registry registry = Registry::discover(discover);
   const std::vector<Point> points = make_sweep(settings);
-  const std::vector<Option> options = options_for(policy->tables(), kind);
+  const std::vector<Option> options = options_for(policy->tables(), kind, settings.registered);
 
   // Rank 0's output; every rank learns whether it opened.
   std::ofstream file;
@@ -417,6 +426,10 @@ int cmd_bench(const Args& args) {
                            "ARBITER_RUN_RESIDUAL_REPLICATED (every rank passes the same "
                            "residual_in)"
                          : "distinct: no call carries ARBITER_RUN_RESIDUAL_REPLICATED"},
+        {"buffers", settings.registered
+                        ? "copied and registered: every option measured with ordinary buffers, "
+                          "then with the input and outputs in registered memory"
+                        : "copied: ordinary buffers (the module copies the input in)"},
         {"tables", policy->fingerprint_hex()},
         {"timing", std::string(kind == DeviceKind::kGpu
                                    ? "CUDA graph of `iterations` calls per trial, CUDA events"
@@ -463,12 +476,22 @@ int cmd_bench(const Args& args) {
     co.timeout = timeout;
     runner->prepare(mine, boot.rank());
     Communicator comm(*boot.oob(), *policy, registry, co);
+    std::string no_registered;
+    if (settings.registered) {
+      // Collective; a rank whose allocation failed makes every rank skip the
+      // registered options (its reason in rank 0's rows when it is rank 0).
+      no_registered = runner->prepare_registered(comm, mine);
+      if (!all_agree(boot, no_registered.empty(), timeout)) {
+        runner->release_registered(comm);
+        if (no_registered.empty()) no_registered = "the registered allocation failed on a peer";
+      }
+    }
     for (const Point& p : mine) {
       std::optional<Reference> reference;
       std::vector<Row> rows;
       for (const Option& o : options) {
         progress.step(p, o);
-        rows.push_back(bench.measure(comm, p, o, reference, fatal));
+        rows.push_back(bench.measure(comm, p, o, reference, no_registered, fatal));
         if (leader) csv.row(context, rows.back());
         ++counts[static_cast<int>(rows.back().status)];
         if (fatal) break;
@@ -476,6 +499,7 @@ int cmd_bench(const Args& args) {
       progress.done(p, rows);
       if (fatal) break;
     }
+    runner->release_registered(comm);
     if (fatal) break;
   }
   progress.finish();

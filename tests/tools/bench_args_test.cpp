@@ -68,3 +68,27 @@ BOOST_AUTO_TEST_CASE(residual_replicated_with_allreduce_alone_is_a_usage_error) 
                e.message);
   }
 }
+
+// --registered measures every option a second time with registered buffers:
+// the same options in the same order, then their twins, each labelled so.
+BOOST_AUTO_TEST_CASE(registered_adds_a_registered_twin_of_every_option) {
+  BOOST_TEST(!settings_of({}).registered);
+  BOOST_TEST(settings_of({"--registered"}).registered);
+  const Policy policy = Policy::load_or_throw(LoadOptions{});
+  const std::vector<Option> plain = options_for(policy.tables(), DeviceKind::kCpu);
+  const std::vector<Option> both = options_for(policy.tables(), DeviceKind::kCpu, true);
+  BOOST_TEST_REQUIRE(!plain.empty());
+  BOOST_TEST_REQUIRE(both.size() == 2 * plain.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    const Option& copied = both[i];
+    const Option& twin = both[plain.size() + i];
+    BOOST_TEST(!plain[i].registered);
+    BOOST_TEST(!copied.registered);
+    BOOST_TEST(twin.registered);
+    BOOST_TEST((copied.backend == plain[i].backend && twin.backend == plain[i].backend));
+    BOOST_TEST((copied.algorithm == plain[i].algorithm && twin.algorithm == plain[i].algorithm));
+    BOOST_TEST((copied.fused == plain[i].fused && twin.fused == plain[i].fused));
+    BOOST_TEST(twin.label() == plain[i].label() + " registered");
+  }
+  BOOST_TEST(both.front().label() == "shm oneshot fused");
+}

@@ -151,9 +151,9 @@ const std::string kSweep =
     " --pattern residual_rmsnorm,residual_rmsnorm_fp4 --warmup 1 --trials 3 --iterations 2";
 
 const std::vector<std::string> kColumns = {
-    "capability", "world_size", "nodes",      "dtype",     "hidden", "num_tokens", "bytes",
-    "pattern",    "residual",   "backend",    "algorithm", "fused",  "latency_us", "p10_us",
-    "p90_us",     "trials",     "iterations", "device",    "status", "skipped",    "reason"};
+    "capability", "world_size", "nodes",     "dtype",  "hidden",  "num_tokens", "bytes",  "pattern",
+    "residual",   "backend",    "algorithm", "fused",  "buffers", "latency_us", "p10_us", "p90_us",
+    "trials",     "iterations", "device",    "status", "skipped", "reason"};
 
 std::string run_arbiter(const std::string& args, int* exit_code) {
   const CommandResult r = run_command(arbiter_command(args));
@@ -180,6 +180,7 @@ void check_results(const std::string& path, int ranks) {
     BOOST_TEST(row.at("world_size") == std::to_string(ranks));
     BOOST_TEST(row.at("nodes") == "1");
     BOOST_TEST(row.at("residual") == "distinct");
+    BOOST_TEST(row.at("buffers") == "copied");
     const std::string key = row.at("pattern") + " " + row.at("bytes") + " " + row.at("backend") +
                             " " + row.at("algorithm") + " " + row.at("fused");
     BOOST_TEST(seen.insert(key).second, "twice: " << key);
@@ -328,4 +329,71 @@ BOOST_AUTO_TEST_CASE(bench_refuses_residual_replicated_for_allreduce_alone) {
   const std::string out = run_arbiter("bench --pattern allreduce --residual-replicated", &rc);
   BOOST_TEST(rc == 2, out);
   BOOST_TEST(contains(out, "--residual-replicated: pattern allreduce has no residual"), out);
+}
+
+// --registered: every option again with the call's input and outputs in
+// registered memory (the zero-copy path; with ARBITER_SHM_OWNERS_FROM=0 the
+// replicated two-shot's owners' path at every size), each first call checked
+// against the reference; tune groups those rows apart and writes no cell
+// from them.
+BOOST_AUTO_TEST_CASE(bench_registered_on_shm_ranks) {
+  Scratch s;
+  const std::string csv = s.path("both.csv");
+  const CommandResult r = run_command(
+      std::string("env -u ARBITER_CONFIG -u ARBITER_BACKENDS ARBITER_SHM_OWNERS_FROM=0 ") +
+      ARBITER_BIN + " launch --nproc 2 --timeout 200 -- " + ARBITER_BIN + " bench -o " +
+      shell_quote(csv) +
+      " --registered --residual-replicated --hidden 4096 --tokens 2,4,16,32 --dtype bf16"
+      " --pattern allreduce,residual_rmsnorm,residual_rmsnorm_fp8 --warmup 1 --trials 2"
+      " --iterations 2");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "72 rows (72 measured, 0 skipped, 0 errors)"), r.output);
+  BOOST_TEST(contains(r.output, "shm twoshot fused registered"), r.output);
+  const Csv results = parse_csv(read_file(csv));
+  BOOST_TEST(results.header == kColumns, boost::test_tools::per_element());
+  BOOST_TEST(results.provenance.at("buffers").starts_with("copied and registered: "));
+  BOOST_TEST_REQUIRE(results.rows.size() == 72u);
+  std::map<std::string, int> by_buffers;
+  std::set<std::string> seen;
+  for (const auto& row : results.rows) {
+    const std::string key = row.at("pattern") + " " + row.at("bytes") + " " + row.at("backend") +
+                            " " + row.at("algorithm") + " " + row.at("fused") + " " +
+                            row.at("buffers");
+    BOOST_TEST(seen.insert(key).second, "twice: " << key);
+    // Measured, and checked against the reference (all of them: <= 1 MiB).
+    BOOST_TEST(row.at("status") == "ok", key << ": " << row.at("reason"));
+    ++by_buffers[row.at("buffers")];
+  }
+  BOOST_TEST(by_buffers["copied"] == 36);
+  BOOST_TEST(by_buffers["registered"] == 36);
+
+  int rc = -1;
+  const std::string overlay = s.path("overlay.yaml");
+  const std::string tuned =
+      run_arbiter("tune " + shell_quote(csv) + " -o " + shell_quote(overlay), &rc);
+  BOOST_TEST(rc == 0, tuned);
+  for (const char* group : {"allreduce, bf16", "residual_rmsnorm, bf16, residual replicated",
+                            "residual_rmsnorm_fp8, bf16, residual replicated"}) {
+    const std::string key = std::string("capability cpu, world size 2, 1 node, ") + group;
+    BOOST_TEST(contains(tuned, key + "\n"), tuned);
+    BOOST_TEST(contains(tuned, key + ", registered buffers\n"), tuned);
+    BOOST_TEST(contains(tuned, "note: " + key +
+                                   ", registered buffers: no cell written: the tables do not "
+                                   "key on registered buffers"),
+               tuned);
+  }
+  // The notes are comments in the file too; no cell comes from those groups.
+  const std::string yaml = read_file(overlay);
+  BOOST_TEST(contains(yaml,
+                      "# Calls measured in registered memory (bench --registered) write "
+                      "no cell.\n"),
+             yaml);
+  std::istringstream lines(yaml);
+  for (std::string line; std::getline(lines, line);) {
+    const std::size_t text = line.find_first_not_of(' ');
+    if (text == std::string::npos || line[text] == '#') continue;
+    BOOST_TEST(!contains(line, "registered"), line);
+  }
+  const std::string valid = run_arbiter("validate " + shell_quote(overlay), &rc);
+  BOOST_TEST(rc == 0, valid);
 }

@@ -318,3 +318,31 @@ BOOST_AUTO_TEST_CASE(a_bad_residual_names_file_line_and_column) {
       only_error("cpu,2,1,bf16,4096,1,8192,rmsnorm,shm,oneshot,1,10,replicated\n", header);
   BOOST_TEST(d.message.starts_with("column pattern: unknown pattern"), d.message);
 }
+
+// The optional buffers column: registered or copied (empty or absent:
+// copied); anything else is refused, naming the line and the column.
+BOOST_AUTO_TEST_CASE(the_buffers_column_is_optional_and_copied_by_default) {
+  const std::string header =
+      std::string(kHeader).insert(std::string(kHeader).size() - 1, ",buffers");
+  const ReadResult r =
+      parse_results("r.csv", header +
+                                 "cpu,2,1,bf16,4096,1,8192,residual_rmsnorm,shm,oneshot,1,10,"
+                                 "registered\n"
+                                 "cpu,2,1,bf16,4096,1,8192,residual_rmsnorm,shm,oneshot,1,10,"
+                                 "copied\n"
+                                 "cpu,2,1,bf16,4096,1,8192,allreduce,shm,oneshot,1,10,\n");
+  BOOST_TEST_REQUIRE(r.file.has_value());
+  BOOST_TEST_REQUIRE(r.file->rows.size() == 3u);
+  BOOST_TEST(r.file->rows[0].registered);
+  BOOST_TEST(!r.file->rows[1].registered);
+  BOOST_TEST(!r.file->rows[2].registered);
+  const ReadResult old = parse_results("old.csv", std::string(kHeader) + kGoodRow);
+  BOOST_TEST_REQUIRE(old.file.has_value());
+  BOOST_TEST(!old.file->rows[0].registered);
+
+  const Diagnostic d =
+      only_error("cpu,2,1,bf16,4096,1,8192,residual_rmsnorm,shm,oneshot,1,10,Registered\n", header);
+  BOOST_TEST(d.to_string().starts_with("r.csv:2: error: column buffers: \"Registered\" is not "
+                                       "registered or copied"),
+             d.to_string());
+}

@@ -76,7 +76,8 @@ std::string GroupKey::to_string() const {
   return "capability " + capability_name(capability) + ", world size " +
          std::to_string(world_size) + ", " + std::to_string(nodes) +
          (nodes == 1 ? " node, " : " nodes, ") + std::string(pattern_name(pattern)) + ", " +
-         std::string(dtype_name(dtype)) + (replicated() ? ", residual replicated" : "");
+         std::string(dtype_name(dtype)) + (replicated() ? ", residual replicated" : "") +
+         (registered ? ", registered buffers" : "");
 }
 
 std::string Option::label() const {
@@ -115,8 +116,8 @@ Grouping group_results(const std::vector<ResultsFile>& files) {
   std::map<GroupKey, Raw> raw;
   for (const ResultsFile& file : files) {
     for (const Row& row : file.rows) {
-      const GroupKey key{row.capability, row.world_size, row.nodes,
-                         row.pattern,    row.dtype,      row.residual};
+      const GroupKey key{row.capability, row.world_size, row.nodes,     row.pattern,
+                         row.dtype,      row.residual,   row.registered};
       Raw& r = raw[key];
       r.rows.push_back(&row);
       r.options[Option{row.backend, row.algorithm, row.fused}][row.bytes].push_back(&row);

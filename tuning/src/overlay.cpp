@@ -125,7 +125,14 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   std::map<Scope, std::vector<std::pair<const Group*, Derived>>> fusion_by_scope;
   std::map<Scope, std::vector<Derived>> oneshot_by_scope;
   std::map<Scope, bool> has_trtllm;
+  Overlay overlay;
   for (const Group& g : groups) {
+    if (g.key.registered) {
+      overlay.notes.push_back(g.key.to_string() +
+                              ": no cell written: the tables do not key on registered buffers "
+                              "(the report's regret says how the cells in force suit such calls)");
+      continue;
+    }
     const Scope scope = Scope::of(g.key);
     fusion_by_scope[scope].push_back({&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct)}});
     oneshot_by_scope[scope].push_back(Derived{g.key.dtype, oneshot_cap(g, options.margin_pct)});
@@ -134,7 +141,6 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     }
   }
 
-  Overlay overlay;
   std::map<Scope, const OverlayCell*> fusion_cell;
   overlay.fusion.reserve(fusion_by_scope.size());
   for (const auto& [scope, entries] : fusion_by_scope) {
@@ -228,6 +234,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     std::vector<std::pair<const Group*, Cap>> splits;
     std::map<Scope, std::vector<Derived>> replicated_splits;
     for (const Group& g : groups) {
+      if (g.key.registered) continue;  // noted above
       Cap cap = split_cap(g, backend, options.margin_pct);
       if (cap.kind == Cap::Kind::kNone) continue;
       if (!g.key.replicated()) {
@@ -292,6 +299,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "# dtype: each cell says which dtype was measured. Calls measured with a replicated\n";
   y += "# residual (bench --residual-replicated) write cells keyed `residual: replicated`;\n";
   y += "# on cpu their shm split is such a one-shot cell, never oneshot_max_total.\n";
+  y += "# Calls measured in registered memory (bench --registered) write no cell.\n";
   y += "format: 1\n\n";
 
   std::string source;

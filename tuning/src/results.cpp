@@ -302,6 +302,15 @@ Row parse_row(RowParser& p, const std::string& file, std::uint32_t line) {
     }
   }
 
+  const std::string_view buffers = p.field("buffers");
+  if (buffers == "registered") {
+    r.registered = true;
+  } else if (!buffers.empty() && buffers != "copied") {
+    p.error("buffers", quoted(buffers) +
+                           " is not registered or copied (empty means copied: the call's "
+                           "buffers were ordinary memory)");
+  }
+
   if (r.backend.empty()) p.error("backend", "empty; name the backend measured");
   if (r.algorithm.empty()) p.error("algorithm", "empty; name the algorithm measured");
   if (r.fused && !r.backend.empty()) {

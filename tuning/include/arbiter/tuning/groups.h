@@ -1,8 +1,11 @@
 // Measurements grouped into latency curves, and the caps they imply.
 //
 // Grouping: rows are grouped by (capability, world size, nodes, pattern,
-// dtype, residual): calls with a replicated residual are a group of their
-// own, since the tables may key their cells by it. Within a group a curve is one option (backend,
+// dtype, residual, buffers): calls with a replicated residual are a group of
+// their own, since the tables may key their cells by it; so are calls whose
+// buffers lay in registered memory (the tables do not key on that, so such a
+// group writes no cell: its regret says how the cells in force suit such
+// calls). Within a group a curve is one option (backend,
 // algorithm, fused) and a point is (bytes, latency).
 //
 // Duplicates: several rows for the same option and bytes (several hidden
@@ -51,11 +54,14 @@ struct GroupKey {
   Dtype dtype = Dtype::kBf16;
   // As Row::residual: nullopt for allreduce, else replicated or distinct.
   std::optional<Residual> residual;
+  // As Row::registered.
+  bool registered = false;
 
   friend auto operator<=>(const GroupKey&, const GroupKey&) = default;
   bool replicated() const { return residual == Residual::kReplicated; }
   // "capability 90, world size 2, 1 node, residual_rmsnorm, bf16", then
-  // ", residual replicated" for a replicated residual.
+  // ", residual replicated" for a replicated residual and ", registered
+  // buffers" for registered ones.
   std::string to_string() const;
 };
 

@@ -33,6 +33,10 @@
 // none (a note) when two-shot won from the smallest compared size. On GPUs
 // (mnnvl) such a split is a note: only cpu one-shot cells set a threshold
 // backend's split.
+//
+// Groups measured in registered memory (`arbiter bench --registered`) write
+// nothing: the tables do not key on the buffers, and a call's buffers are
+// the caller's choice, not the policy's. A note names each such group.
 #pragma once
 
 #include <cstdint>

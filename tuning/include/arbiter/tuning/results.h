@@ -33,6 +33,9 @@
 //                residual_in, ARBITER_RUN_RESIDUAL_REPLICATED) | distinct;
 //                absent or empty means distinct for the residual patterns.
 //                Empty (or absent) for pattern allreduce, which has none
+//   buffers      optional column: registered (the call's input and outputs
+//                lay in registered memory, `arbiter bench --registered`) |
+//                copied; absent or empty means copied
 // Names are case-sensitive, as in the tables. Errors name the file, the line
 // and the column: `results.csv:14: error: column latency_us: "abc" is not a
 // number`.
@@ -74,6 +77,8 @@ struct Row {
   // The residual as the tables key it (Request::residual()): nullopt for
   // pattern allreduce, else replicated or distinct.
   std::optional<Residual> residual;
+  // The call's buffers lay in registered memory (the buffers column).
+  bool registered = false;
 
   std::string where() const { return file + ":" + std::to_string(line); }
 };
