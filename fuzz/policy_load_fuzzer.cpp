@@ -61,6 +61,8 @@ Request from_key(const CellKey& key, std::uint32_t nodes, std::uint64_t bytes, s
   r.dtype = key.dtype.value_or(static_cast<Dtype>((mix / 4) % kDtypeCount));
   r.nvlink_domain = (mix & 16) == 0;
   r.multicast = (mix & 32) != 0;
+  r.residual_replicated = key.residual ? *key.residual == Residual::kReplicated : (mix & 128) != 0;
+  r.buffers_registered = key.buffers ? *key.buffers == BufferKind::kRegistered : (mix & 256) != 0;
   r.message_bytes = bytes;
   if (mix & 64) {
     r.hidden = 1024;
@@ -92,7 +94,7 @@ std::vector<Request> requests_for(const Policy& policy, std::uint64_t mix) {
       out.push_back(from_key(key, 1, 2 * kMiB, mix));
     }
   }
-  Request odd = from_key(CellKey{Capability::sm(103), 8, 0, {}, {}, {}}, 9, kMaxSizeBytes, mix);
+  Request odd = from_key(CellKey{Capability::sm(103), 8, 0, {}, {}, {}, {}}, 9, kMaxSizeBytes, mix);
   out.push_back(odd);  // nodes > world size
   odd.nodes = 0;
   out.push_back(odd);

@@ -95,6 +95,9 @@ void add_request_options(po::options_description& desc, bool with_size) {
   add("residual-replicated", po::bool_switch(),
       "every rank passes the same residual (a residual pattern's "
       "ARBITER_RUN_RESIDUAL_REPLICATED)");
+  add("registered", po::bool_switch(),
+      "the call's input lies in registered memory (comm.empty(), alloc_registered): the "
+      "backend reads it in place");
   if (with_size) {
     add("bytes", po::value<std::string>(),
         "per-rank message size: 524288, 512KiB, 64MiB (a plain number is bytes)");
@@ -146,6 +149,7 @@ Request read_request(const po::variables_map& vm, bool with_size) {
         "--residual-replicated: pattern allreduce has no residual; drop the flag or give a "
         "residual pattern such as --pattern residual_rmsnorm"};
   }
+  r.buffers_registered = vm["registered"].as<bool>();
   if (!with_size) return r;
 
   const bool bytes = vm.count("bytes") > 0;
@@ -182,6 +186,7 @@ std::string describe_topology(const Request& r) {
   }
   s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern));
   if (r.residual_replicated) s += ", residual replicated";
+  if (r.buffers_registered) s += ", registered buffers";
   return s;
 }
 

@@ -141,10 +141,11 @@ int cmd_diff(const Args& args) {
       if (nodes > 1 || !cap.is_cpu()) topologies.push_back({nodes, true});
     }
     for (auto [nodes, multicast] : topologies) {
-      // Same differences -> the (pattern, dtype) pairs that share them;
-      // [1]: calls with a replicated residual, listed only where their
-      // differences are not those of the same call without it.
-      std::array<std::map<std::string, std::map<int, std::set<int>>>, 2> groups;
+      // Same differences -> the (pattern, dtype) pairs that share them, per
+      // variant of the call: [bit 0] a replicated residual, [bit 1]
+      // registered buffers; a variant is listed only where its differences
+      // are not those of the plain call.
+      std::array<std::map<std::string, std::map<int, std::set<int>>>, 4> groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
         for (int dt = 0; dt < kDtypeCount; ++dt) {
           Request r;
@@ -158,18 +159,20 @@ int cmd_diff(const Args& args) {
           const std::vector<Difference> diffs = compare(a, b, r, to);
           const std::string text = diffs.empty() ? std::string() : describe(diffs, to);
           if (!diffs.empty()) groups[0][text][pt].insert(dt);
-          if (r.pattern == Pattern::kAllreduce) continue;
-          r.residual_replicated = true;
-          const std::vector<Difference> replicated = compare(a, b, r, to);
-          const std::string replicated_text =
-              replicated.empty() ? std::string() : describe(replicated, to);
-          if (replicated_text != text) {
-            groups[1][replicated.empty() ? "  no difference\n" : replicated_text][pt].insert(dt);
+          for (int variant = 1; variant < 4; ++variant) {
+            if ((variant & 1) && r.pattern == Pattern::kAllreduce) continue;
+            r.residual_replicated = (variant & 1) != 0;
+            r.buffers_registered = (variant & 2) != 0;
+            const std::vector<Difference> other = compare(a, b, r, to);
+            const std::string other_text = other.empty() ? std::string() : describe(other, to);
+            if (other_text != text) {
+              groups[variant][other.empty() ? "  no difference\n" : other_text][pt].insert(dt);
+            }
           }
         }
       }
-      for (int rep = 0; rep < 2; ++rep)
-        for (const auto& [text, by_pattern] : groups[rep]) {
+      for (int variant = 0; variant < 4; ++variant)
+        for (const auto& [text, by_pattern] : groups[variant]) {
           // Collapse patterns that share the same dtype set.
           std::map<std::set<int>, std::set<int>> by_dtypes;
           for (const auto& [pt, dts] : by_pattern) by_dtypes[dts].insert(pt);
@@ -180,8 +183,9 @@ int cmd_diff(const Args& args) {
                       << (nodes > 1 ? " (NVLink domain, multicast)"
                                     : (multicast ? " (multicast)" : ""))
                       << ", " << names_text(pts, kPatternCount, true) << ", "
-                      << names_text(dts, kDtypeCount, false) << (rep ? ", residual replicated" : "")
-                      << ":\n"
+                      << names_text(dts, kDtypeCount, false)
+                      << ((variant & 1) ? ", residual replicated" : "")
+                      << ((variant & 2) ? ", registered buffers" : "") << ":\n"
                       << text;
           }
         }

@@ -65,7 +65,7 @@ void print_grid(std::ostream& out, const Policy& p, const std::vector<Cell>& cel
     out << "\n";
   }
   if (!keyed.empty()) {
-    out << "cells keyed by nodes, pattern, dtype or residual (more specific; they win):\n";
+    out << "cells keyed by nodes, pattern, dtype, residual or buffers (more specific; they win):\n";
     for (const Cell* c : keyed) {
       out << "  " << c->key.to_string() << " = " << cell_value(*c) << "  ["
           << p.origin_text(c->origin) << "]\n";

@@ -34,8 +34,8 @@ constexpr const char* kTuneUsage =
     "the new caps. Caps are always measured sizes. Groups measured with a replicated\n"
     "residual write cells keyed `residual: replicated` (on cpu, shm's split as such a\n"
     "one-shot cell: never the threshold, which serves every call). Groups measured in\n"
-    "registered memory (bench --registered) are reported with their regret but write no\n"
-    "cell: the tables do not key on the buffers.\n"
+    "registered memory (bench --registered) likewise write cells keyed `buffers:\n"
+    "registered`.\n"
     "\n"
     "RESULTS.csv (as `arbiter bench` writes it): a header naming at least capability,\n"
     "world_size, nodes, dtype, hidden, num_tokens, bytes, pattern, backend, algorithm,\n"
@@ -138,10 +138,12 @@ void report_group(std::ostream& out, const Group& g, double margin, const Policy
     const Cap split = split_cap(g, backend, margin);
     if (split.kind == Cap::Kind::kNone) continue;
     out << "  " << backend << " one-shot split: " << split.text();
-    if (split.kind == Cap::Kind::kBytes && g.key.replicated()) {
+    if (split.kind == Cap::Kind::kBytes && (g.key.replicated() || g.key.registered)) {
       // Never the threshold, which serves every call (see the overlay).
-      out << (g.key.capability.is_cpu() ? "; a one-shot cell keyed residual: replicated"
-                                        : "; not written (only cpu cells key it)");
+      std::string keys = g.key.replicated() ? "residual: replicated" : "";
+      if (g.key.registered) keys += (keys.empty() ? "" : ", ") + std::string("buffers: registered");
+      out << (g.key.capability.is_cpu() ? "; a one-shot cell keyed " + keys
+                                        : std::string("; not written (only cpu cells key it)"));
     } else if (split.kind == Cap::Kind::kBytes) {
       out << "; x " << g.key.world_size << " = " << format_size(split.bytes * g.key.world_size);
     }

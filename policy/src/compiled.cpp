@@ -28,7 +28,8 @@ void CellIndex::build(const std::vector<Cell>& sorted_cells) {
         c.max_bytes, c.key.nodes,
         c.key.pattern ? static_cast<std::uint8_t>(*c.key.pattern) : CompiledCell::kAny,
         c.key.dtype ? static_cast<std::uint8_t>(*c.key.dtype) : CompiledCell::kAny,
-        c.key.residual ? static_cast<std::uint8_t>(*c.key.residual) : CompiledCell::kAny, c.off,
+        c.key.residual ? static_cast<std::uint8_t>(*c.key.residual) : CompiledCell::kAny,
+        c.key.buffers ? static_cast<std::uint8_t>(*c.key.buffers) : CompiledCell::kAny, c.off,
         c.origin});
     s.end = static_cast<std::uint32_t>(cells.size());
   }
@@ -46,6 +47,7 @@ Request request_for(Capability cap, std::uint32_t ws, std::uint32_t sig) {
   r.pattern = static_cast<Pattern>((sig >> 4) & 3u);
   r.nodes = (sig >> 6) & 1u ? 2 : 1;
   r.residual_replicated = (sig >> 7) & 1u;
+  r.buffers_registered = (sig >> 8) & 1u;
   return r;
 }
 
@@ -206,6 +208,7 @@ void cell_text(std::string& s, char table, const Cell& c) {
        (c.key.dtype ? std::to_string(static_cast<int>(*c.key.dtype)) : "*") + ' ' +
        // Only when keyed, so tables without the key keep their fingerprint.
        (c.key.residual ? "residual " + std::string(residual_name(*c.key.residual)) + ' ' : "") +
+       (c.key.buffers ? "buffers " + std::string(buffer_kind_name(*c.key.buffers)) + ' ' : "") +
        (c.off ? "off" : std::to_string(c.max_bytes)) + '\n';
 }
 

@@ -24,6 +24,7 @@ struct CompiledCell {
   std::uint8_t pattern;   // kAny: any
   std::uint8_t dtype;     // kAny: any
   std::uint8_t residual;  // kAny: any; else matches residual patterns only
+  std::uint8_t buffers;   // kAny: any
   bool off;
   std::uint16_t origin;
   static constexpr std::uint8_t kAny = 0xFF;
@@ -33,7 +34,8 @@ struct CompiledCell {
            (pattern == kAny || pattern == static_cast<std::uint8_t>(r.pattern)) &&
            (dtype == kAny || dtype == static_cast<std::uint8_t>(r.dtype)) &&
            (residual == kAny || (r.pattern != Pattern::kAllreduce &&
-                                 residual == static_cast<std::uint8_t>(r.residual_replicated)));
+                                 residual == static_cast<std::uint8_t>(r.residual_replicated))) &&
+           (buffers == kAny || buffers == static_cast<std::uint8_t>(r.buffers_registered));
   }
 };
 

@@ -22,6 +22,7 @@ bool CellKey::overlaps(const CellKey& o) const {
          (!pattern || !o.pattern || *pattern == *o.pattern) &&
          (!dtype || !o.dtype || *dtype == *o.dtype) &&
          (!residual || !o.residual || *residual == *o.residual) &&
+         (!buffers || !o.buffers || *buffers == *o.buffers) &&
          // A residual key never matches allreduce, which has no residual.
          !(residual && o.pattern == Pattern::kAllreduce) &&
          !(o.residual && pattern == Pattern::kAllreduce);
@@ -34,6 +35,7 @@ std::string CellKey::to_string() const {
   if (pattern) s += ", pattern " + std::string(pattern_name(*pattern));
   if (dtype) s += ", dtype " + std::string(dtype_name(*dtype));
   if (residual) s += ", residual " + std::string(residual_name(*residual));
+  if (buffers) s += ", buffers " + std::string(buffer_kind_name(*buffers));
   return s;
 }
 
@@ -363,7 +365,10 @@ class Merger {
   static std::string value_text(const Cell& c) { return c.off ? "off" : format_size(c.max_bytes); }
 
   // A one-shot cap above the fusion cap that applies to every call the
-  // one-shot cell matches is dead weight: such calls are never fused.
+  // one-shot cell matches is dead weight: such calls are never fused. Said
+  // of the cell whose file could have known better: not of a one-shot cell
+  // whose cap a later file lowered (a site capping fusion below a default
+  // one-shot cell means exactly that).
   void check_oneshot_vs_fusion() {
     for (const Cell& o : t_.oneshot) {
       const Cell* covering = nullptr;
@@ -372,12 +377,18 @@ class Merger {
                             f.key.world_size == o.key.world_size && f.key.nodes == 0 &&
                             (!f.key.pattern || f.key.pattern == o.key.pattern) &&
                             (!f.key.dtype || f.key.dtype == o.key.dtype) &&
-                            (!f.key.residual || f.key.residual == o.key.residual);
+                            (!f.key.residual || f.key.residual == o.key.residual) &&
+                            (!f.key.buffers || f.key.buffers == o.key.buffers);
         if (covers && (!covering || f.key.specificity() > covering->key.specificity())) {
           covering = &f;
         }
       }
-      if (covering && !covering->off && o.max_bytes > covering->max_bytes) {
+      if (!covering || covering->off || o.max_bytes <= covering->max_bytes) continue;
+      const Origin* oneshot_at = t_.find_origin(o.origin);
+      const Origin* fusion_at = t_.find_origin(covering->origin);
+      const bool lowered_later = oneshot_at && fusion_at && fusion_at->file != oneshot_at->file &&
+                                 covering->origin > o.origin;
+      if (!lowered_later) {
         warning_at(o.origin,
                    "one-shot cap " + format_size(o.max_bytes) + " for (" + o.key.to_string() +
                        ") is above the fusion cap " + format_size(covering->max_bytes) +

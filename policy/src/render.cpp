@@ -84,6 +84,7 @@ std::string request_text(const Request& r) {
   }
   s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern));
   if (r.residual() == Residual::kReplicated) s += ", residual replicated";
+  if (r.buffers_registered) s += ", registered buffers";
   s += ", " + std::to_string(r.message_bytes) + " bytes";
   if (r.tokens != 0) {
     s += " (" + std::to_string(r.tokens) + " tokens x " + std::to_string(r.hidden) + ")";
@@ -219,6 +220,7 @@ std::string Policy::decision_json(const Request& request, const Decision& decisi
     q.str("dtype", dtype_name(request.dtype));
     q.str("pattern", pattern_name(request.pattern));
     q.boolean("residual_replicated", request.residual_replicated);
+    q.boolean("buffers_registered", request.buffers_registered);
     q.num("bytes", request.message_bytes);
     if (request.tokens)
       q.num("tokens", request.tokens);

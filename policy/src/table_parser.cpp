@@ -422,10 +422,10 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
             "write - {capability: 90, world_size: 2, max: 64}");
     return;
   }
-  static const Keys kFusionKeys = {"capability", "world_size", "nodes", "pattern",
-                                   "dtype",      "residual",   "max"};
-  static const Keys kOneshotKeys = {"capability", "world_size", "pattern",
-                                    "dtype",      "residual",   "max"};
+  static const Keys kFusionKeys = {"capability", "world_size", "nodes",   "pattern",
+                                   "dtype",      "residual",   "buffers", "max"};
+  static const Keys kOneshotKeys = {"capability", "world_size", "pattern", "dtype",
+                                    "residual",   "buffers",    "max"};
   for (const YamlNode& item : node.items) {
     LayerCell lc;
     lc.pos = pos_of(item);
@@ -496,6 +496,12 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
           lc.cell.key.residual = *rs;
         else
           ok = false;
+      } else if (key == "buffers") {
+        auto b = p.name<BufferKind>(v, parse_buffer_kind, "buffers");
+        if (b)
+          lc.cell.key.buffers = *b;
+        else
+          ok = false;
       } else if (key == "max") {
         has_max = true;
         std::optional<std::uint64_t> bytes;
@@ -531,6 +537,11 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
     if (k.capability.is_cpu() && k.nodes > 1) {
       p.warning(item, "a cpu cell keyed by nodes " + std::to_string(k.nodes) +
                           " never applies: the shm backend serves one host");
+    }
+    if (k.buffers == BufferKind::kRegistered && !k.capability.is_cpu()) {
+      p.warning(item,
+                "a cell keyed by buffers registered applies only to capability cpu today: "
+                "no GPU module registers memory yet (docs/registered-buffers.md)");
     }
     auto twin = std::find_if(out.begin(), out.end(),
                              [&](const LayerCell& o) { return o.cell.key.same_keys(k); });

@@ -15,6 +15,7 @@ constexpr std::array<std::string_view, kBackendCount> kBackendNames = {"trtllm",
                                                                        "shm"};
 constexpr std::array<std::string_view, 3> kAlgorithmNames = {"oneshot", "twoshot", "native"};
 constexpr std::array<std::string_view, 2> kResidualNames = {"distinct", "replicated"};
+constexpr std::array<std::string_view, 2> kBufferKindNames = {"copied", "registered"};
 
 template <class E, std::size_t N>
 Parsed<E> parse_name(std::string_view text, const std::array<std::string_view, N>& names,
@@ -85,6 +86,10 @@ Parsed<Residual> parse_residual(std::string_view text) {
   return parse_name<Residual>(text, kResidualNames, "residual");
 }
 
+Parsed<BufferKind> parse_buffer_kind(std::string_view text) {
+  return parse_name<BufferKind>(text, kBufferKindNames, "buffers");
+}
+
 std::string capability_name(Capability c) { return c.is_cpu() ? "cpu" : std::to_string(c.code()); }
 std::string_view dtype_name(Dtype d) { return kDtypeNames[static_cast<int>(d)]; }
 std::string_view pattern_name(Pattern p) { return kPatternNames[static_cast<int>(p)]; }
@@ -93,6 +98,7 @@ std::string_view backend_name(Backend b) {
 }
 std::string_view algorithm_name(Algorithm a) { return kAlgorithmNames[static_cast<int>(a)]; }
 std::string_view residual_name(Residual r) { return kResidualNames[static_cast<int>(r)]; }
+std::string_view buffer_kind_name(BufferKind b) { return kBufferKindNames[static_cast<int>(b)]; }
 std::string_view device_kind_name(DeviceKind d) { return d == DeviceKind::kGpu ? "gpu" : "cpu"; }
 std::string backend_mask_names(std::uint32_t mask) {
   std::string s;

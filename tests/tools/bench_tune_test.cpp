@@ -334,8 +334,8 @@ BOOST_AUTO_TEST_CASE(bench_refuses_residual_replicated_for_allreduce_alone) {
 // --registered: every option again with the call's input and outputs in
 // registered memory (the zero-copy path; with ARBITER_SHM_OWNERS_FROM=0 the
 // replicated two-shot's owners' path at every size), each first call checked
-// against the reference; tune groups those rows apart and writes no cell
-// from them.
+// against the reference; tune groups those rows apart and keys their cells
+// `buffers: registered`.
 BOOST_AUTO_TEST_CASE(bench_registered_on_shm_ranks) {
   Scratch s;
   const std::string csv = s.path("both.csv");
@@ -377,23 +377,35 @@ BOOST_AUTO_TEST_CASE(bench_registered_on_shm_ranks) {
     const std::string key = std::string("capability cpu, world size 2, 1 node, ") + group;
     BOOST_TEST(contains(tuned, key + "\n"), tuned);
     BOOST_TEST(contains(tuned, key + ", registered buffers\n"), tuned);
-    BOOST_TEST(contains(tuned, "note: " + key +
-                                   ", registered buffers: no cell written: the tables do not "
-                                   "key on registered buffers"),
-               tuned);
   }
-  // The notes are comments in the file too; no cell comes from those groups.
   const std::string yaml = read_file(overlay);
   BOOST_TEST(contains(yaml,
-                      "# Calls measured in registered memory (bench --registered) write "
-                      "no cell.\n"),
+                      "{capability: cpu, world_size: 2, pattern: allreduce, buffers: "
+                      "registered, max: "),
              yaml);
-  std::istringstream lines(yaml);
-  for (std::string line; std::getline(lines, line);) {
-    const std::size_t text = line.find_first_not_of(' ');
-    if (text == std::string::npos || line[text] == '#') continue;
-    BOOST_TEST(!contains(line, "registered"), line);
-  }
+  BOOST_TEST(contains(yaml,
+                      "{capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "residual: replicated, buffers: registered, max: "),
+             yaml);
+  BOOST_TEST(contains(yaml,
+                      "{capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "residual: replicated, max: "),
+             yaml);
   const std::string valid = run_arbiter("validate " + shell_quote(overlay), &rc);
   BOOST_TEST(rc == 0, valid);
+  // What the overlay says a registered call runs, explained.
+  const std::string decided = run_arbiter(
+      "decide --capability cpu --world-size 2 --bytes 64KiB --residual-replicated --registered "
+      "--explain --config " +
+          shell_quote(overlay),
+      &rc);
+  BOOST_TEST(rc == 0, decided);
+  BOOST_TEST(contains(decided,
+                      "residual_rmsnorm, residual replicated, registered buffers, 65536 "
+                      "bytes"),
+             decided);
+  BOOST_TEST(contains(decided,
+                      "fusion cell (capability cpu, world size 2, pattern "
+                      "residual_rmsnorm, residual replicated, buffers registered)"),
+             decided);
 }

@@ -250,12 +250,56 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_is_a_request_dimension_in_every_comma
   BOOST_TEST(r.exit_code == 2, r.output);
   BOOST_TEST(contains(r.output, "allreduce"), r.output);
   r = run_arbiter("show --config " + site);
-  BOOST_TEST(contains(r.output, "cells keyed by nodes, pattern, dtype or residual"), r.output);
+  BOOST_TEST(contains(r.output, "cells keyed by nodes, pattern, dtype, residual or buffers"),
+             r.output);
   BOOST_TEST(contains(r.output, "residual replicated"), r.output);
   const std::string def = std::string(ARBITER_TEST_DATA) + "/../../configs/default.yaml";
   r = run_arbiter("diff " + def + " " + site);
   BOOST_TEST(r.exit_code == 1, r.output);
   BOOST_TEST(contains(r.output, "residual replicated"), r.output);
+}
+
+// Registered buffers: decide, show and diff see the cells keyed by them.
+BOOST_AUTO_TEST_CASE(registered_buffers_are_a_request_dimension_in_every_command) {
+  const std::string site = shell_quote(data_path("good/registered_buffers.yaml"));
+  const std::string cpu = "decide --capability cpu --world-size 2 --bytes 1MiB --config " + site;
+  CommandResult r = run_arbiter(cpu);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "shm twoshot fused"), r.output);  // the 256 KiB threshold
+  // Registered: the default's one-shot cell (16 MiB) without the site file,
+  // the site's (512 KiB), with the same keys, with it.
+  r = run_arbiter("decide --capability cpu --world-size 2 --bytes 1MiB --registered");
+  BOOST_TEST(contains(r.output, "shm oneshot fused"), r.output);
+  r = run_arbiter(cpu + " --registered --explain");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "shm twoshot fused"), r.output);
+  BOOST_TEST(contains(r.output, "registered buffers"), r.output);
+  BOOST_TEST(contains(r.output,
+                      "one-shot cell (capability cpu, world size 2, pattern "
+                      "residual_rmsnorm, residual distinct, buffers registered) = 512 KiB"),
+             r.output);
+  BOOST_TEST(contains(r.output, "registered_buffers.yaml:12"), r.output);
+  // The fused cap: 32 MiB for a registered distinct-residual call, 16 MiB
+  // for a replicated one (registered or not), 64 MiB otherwise.
+  const Json j = JsonReader::parse(run_arbiter(cpu + " --registered --json").output);
+  BOOST_TEST(j["request"]["buffers_registered"].boolean);
+  BOOST_TEST(j["cap"].number == "33554432");
+  const Json both =
+      JsonReader::parse(run_arbiter(cpu + " --registered --residual-replicated --json").output);
+  BOOST_TEST(both["cap"].number == "16777216");
+  const Json plain = JsonReader::parse(run_arbiter(cpu + " --json").output);
+  BOOST_TEST(!plain["request"]["buffers_registered"].boolean);
+  BOOST_TEST(plain["cap"].number == "67108864");
+  r = run_arbiter("show --config " + site);
+  BOOST_TEST(contains(r.output, "buffers registered"), r.output);
+  const std::string def = std::string(ARBITER_TEST_DATA) + "/../../configs/default.yaml";
+  r = run_arbiter("diff " + def + " " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output,
+                      "capability cpu, world size 2, 1 node, residual_rmsnorm, all dtypes, "
+                      "registered buffers:\n"
+                      "    512 KiB < bytes <= 16 MiB: shm oneshot fused  ->  shm twoshot fused\n"),
+             r.output);
 }
 
 // Presets: upstream tables by name, as a layer under the site files.

@@ -85,6 +85,7 @@ const std::vector<BadCase> kBadCases = {
   {"backend_listed_twice_in_enabled.yaml", 1, 3, {"'nccl'", "twice"}},
   {"pattern_typo_in_cell.yaml",            1, 4, {"unknown pattern", "'allreduse'", "did you mean 'allreduce'"}},
   {"residual_on_allreduce_cell.yaml",      1, 4, {"never applies", "allreduce has no residual", "drop 'residual'"}},
+  {"buffers_typo_in_cell.yaml",            1, 5, {"unknown buffers", "'registred'", "did you mean 'registered'"}},
   {"dtype_typo_in_backend.yaml",           1, 5, {"unknown dtype", "'bf61'", "did you mean 'bf16'"}},
   // types
   {"world_size_string.yaml",               1, 4, {"world size", "integer"}},
@@ -130,8 +131,9 @@ const std::vector<BadCase> kBadCases = {
 // clang-format on
 
 const std::vector<std::string> kGoodFiles = {
-    "gb300_nvl72_nodes.yaml", "max_off.yaml",      "capability_spellings.yaml",
-    "backend_rules.yaml",     "cpu_cap_4mib.yaml", "residual_replicated.yaml",
+    "gb300_nvl72_nodes.yaml",  "max_off.yaml",      "capability_spellings.yaml",
+    "backend_rules.yaml",      "cpu_cap_4mib.yaml", "residual_replicated.yaml",
+    "registered_buffers.yaml",
 };
 
 std::string lower(std::string s) {

@@ -431,10 +431,12 @@ BOOST_AUTO_TEST_CASE(a_replicated_mnnvl_split_is_a_note) {
   BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
 }
 
-// Calls measured in registered memory are a group of their own that writes
-// nothing (the tables do not key on the buffers): the copied group's cells
-// are those it writes alone, and a note names the registered group.
-BOOST_AUTO_TEST_CASE(registered_groups_write_no_cell_and_say_so) {
+// Calls measured in registered memory are a group of their own whose cells
+// are keyed `buffers: registered` (and, for a residual pattern, by the
+// residual even when distinct, so that they never conflict with a replicated
+// group's cells): shm's split becomes a cpu one-shot cell, never the
+// threshold, which comes from the copied group alone.
+BOOST_AUTO_TEST_CASE(registered_groups_write_cells_keyed_by_their_buffers) {
   const std::string header =
       std::string(kHeader).insert(std::string(kHeader).size() - 1, ",buffers");
   const std::string copied =
@@ -444,14 +446,14 @@ BOOST_AUTO_TEST_CASE(registered_groups_write_no_cell_and_say_so) {
       "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,40,copied\n"
       "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,twoshot,1,30,copied\n"
       "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,native,0,50,copied\n";
-  // Registered: one-shot wins at both sizes, and fused loses at the second.
+  // Registered: one-shot wins at both sizes.
   const std::string registered =
       "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,5,registered\n"
       "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,twoshot,1,9,registered\n"
       "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,native,0,20,registered\n"
       "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,45,registered\n"
       "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,twoshot,1,60,registered\n"
-      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,native,0,40,registered\n";
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,native,0,70,registered\n";
   const auto alone = parse_csv(header + copied);
   const auto with = parse_csv(header + copied + registered);
   BOOST_TEST_REQUIRE(alone->grouping.groups.size() == 1u);
@@ -460,25 +462,45 @@ BOOST_AUTO_TEST_CASE(registered_groups_write_no_cell_and_say_so) {
   BOOST_TEST(reg.key.registered);
   BOOST_TEST(reg.key.to_string() ==
              "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16, registered buffers");
-  BOOST_TEST((fusion_cap(reg, 0).kind == Cap::Kind::kBytes));
-  BOOST_TEST(fusion_cap(reg, 0).bytes == 32 * kKiB);
 
   const Overlay a = overlay_of(*alone);
   const Overlay b = overlay_of(*with);
-  BOOST_TEST(a.notes.empty());
-  BOOST_TEST_REQUIRE(b.notes.size() == 1u);
-  BOOST_TEST(b.notes[0] ==
-             "capability cpu, world size 2, 1 node, residual_rmsnorm, bf16, registered buffers: "
-             "no cell written: the tables do not key on registered buffers (the report's regret "
-             "says how the cells in force suit such calls)");
-  BOOST_TEST(b.fusion.size() == a.fusion.size());
-  BOOST_TEST(b.oneshot.size() == a.oneshot.size());
+  BOOST_TEST(b.notes.empty());
   BOOST_TEST_REQUIRE(b.thresholds.size() == 1u);
   BOOST_TEST(b.thresholds[0].bytes == a.thresholds[0].bytes);  // 32 KiB x 2, the copied split
   BOOST_TEST(b.thresholds[0].bytes == 64 * kKiB);
   BOOST_TEST(!contains(b.thresholds[0].comment, "registered"), b.thresholds[0].comment);
+  BOOST_TEST_REQUIRE(b.fusion.size() == 2u);
   BOOST_TEST(contains(b.yaml,
                       "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
                       "max: 128KiB}\n"),
              b.yaml);
+  BOOST_TEST(contains(b.yaml,
+                      "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "residual: distinct, buffers: registered, max: 128KiB}\n"),
+             b.yaml);
+  BOOST_TEST(a.oneshot.empty());
+  BOOST_TEST_REQUIRE(b.oneshot.size() == 1u);
+  BOOST_TEST((b.oneshot[0].buffers == BufferKind::kRegistered));
+  BOOST_TEST((b.oneshot[0].residual == Residual::kDistinct));
+  BOOST_TEST(contains(b.yaml,
+                      "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "residual: distinct, buffers: registered, max: 128KiB}\n"),
+             b.yaml);
+
+  // It loads without a warning, and decides as measured.
+  const std::vector<Diagnostic> d = validate_text(b.yaml);
+  BOOST_TEST(d.empty(), text_of(d) << b.yaml);
+  const Policy tuned = tables_with(b.yaml);
+  Request r;
+  r.capability = Capability::cpu();
+  r.world_size = 2;
+  r.pattern = Pattern::kResidualRmsnorm;
+  r.message_bytes = 128 * kKiB;
+  BOOST_TEST((tuned.decide(r).algorithm == Algorithm::kTwoshot));
+  r.buffers_registered = true;
+  BOOST_TEST((tuned.decide(r).algorithm == Algorithm::kOneshot));
+  // A registered call with a replicated residual is not keyed by either cell.
+  r.residual_replicated = true;
+  BOOST_TEST((tuned.decide(r).algorithm == Algorithm::kTwoshot));
 }

@@ -16,26 +16,43 @@ using detail::size_cell;
 using detail::yaml_quoted;
 
 // What a cell is keyed by: a group without its dtype. A distinct residual
-// (and allreduce's none) writes no residual key: such cells serve every call,
-// and a replicated one's cell, keyed, wins over them for its calls.
+// (and allreduce's none) writes no residual key, copied buffers no buffers
+// key: such cells serve every call, and a replicated (registered) one's
+// cell, keyed, wins over them for its calls.
 struct Scope {
   Capability capability;
   std::uint32_t world_size = 0;
   std::uint32_t nodes = 1;
   Pattern pattern = Pattern::kAllreduce;
   bool replicated = false;
+  bool registered = false;
   friend auto operator<=>(const Scope&, const Scope&) = default;
 
   static Scope of(const GroupKey& k) {
-    return {k.capability, k.world_size, k.nodes, k.pattern, k.replicated()};
+    return {k.capability, k.world_size, k.nodes, k.pattern, k.replicated(), k.registered};
   }
+  bool keyed() const { return replicated || registered; }
   std::string to_string() const {
     return "capability " + capability_name(capability) + ", world size " +
            std::to_string(world_size) + ", " + std::to_string(nodes) +
            (nodes == 1 ? " node, " : " nodes, ") + std::string(pattern_name(pattern)) +
-           (replicated ? ", residual replicated" : "");
+           (replicated ? ", residual replicated" : "") + (registered ? ", registered buffers" : "");
   }
 };
+
+// The residual and buffers keys of a cell of `scope`. A registered group of
+// a residual pattern names its residual even when distinct: otherwise its
+// cell and a replicated group's, equally specific, would both match a call
+// that is replicated and registered, which the tables refuse as a conflict.
+void key_cell(OverlayCell& cell, const Scope& scope) {
+  if (scope.replicated) cell.residual = Residual::kReplicated;
+  if (scope.registered) {
+    cell.buffers = BufferKind::kRegistered;
+    if (scope.pattern != Pattern::kAllreduce && !scope.replicated) {
+      cell.residual = Residual::kDistinct;
+    }
+  }
+}
 
 struct Derived {
   Dtype dtype;
@@ -85,6 +102,7 @@ std::string cell_line(const OverlayCell& c) {
   if (c.nodes != 0) s += ", nodes: " + std::to_string(c.nodes);
   s += ", pattern: " + std::string(pattern_name(c.pattern));
   if (c.residual) s += ", residual: " + std::string(residual_name(*c.residual));
+  if (c.buffers) s += ", buffers: " + std::string(buffer_kind_name(*c.buffers));
   s += ", max: " + (c.off ? std::string("off") : size_cell(c.bytes)) + "}";
   return s;
 }
@@ -127,12 +145,6 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   std::map<Scope, bool> has_trtllm;
   Overlay overlay;
   for (const Group& g : groups) {
-    if (g.key.registered) {
-      overlay.notes.push_back(g.key.to_string() +
-                              ": no cell written: the tables do not key on registered buffers "
-                              "(the report's regret says how the cells in force suit such calls)");
-      continue;
-    }
     const Scope scope = Scope::of(g.key);
     fusion_by_scope[scope].push_back({&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct)}});
     oneshot_by_scope[scope].push_back(Derived{g.key.dtype, oneshot_cap(g, options.margin_pct)});
@@ -160,7 +172,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     cell.world_size = scope.world_size;
     cell.nodes = scope.nodes > 1 ? scope.nodes : 0;
     cell.pattern = scope.pattern;
-    if (scope.replicated) cell.residual = Residual::kReplicated;
+    key_cell(cell, scope);
     cell.off = chosen->cap.kind == Cap::Kind::kOff;
     cell.bytes = chosen->cap.bytes;
     bool disagree = false;
@@ -174,7 +186,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   }
   for (const OverlayCell& c : overlay.fusion) {
     fusion_cell[Scope{c.capability, c.world_size, c.nodes == 0 ? 1 : c.nodes, c.pattern,
-                      c.residual.has_value()}] = &c;
+                      c.residual == Residual::kReplicated, c.buffers.has_value()}] = &c;
   }
 
   // A one-shot cell for `scope` from the caps of its dtypes; `what` names
@@ -200,7 +212,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     cell.capability = scope.capability;
     cell.world_size = scope.world_size;
     cell.pattern = scope.pattern;
-    if (scope.replicated) cell.residual = Residual::kReplicated;
+    key_cell(cell, scope);
     cell.bytes = chosen->cap.bytes;
     bool disagree = false;
     cell.comment = scope.to_string() + "\n" + dtype_comment(caps, *chosen, what, &disagree);
@@ -208,12 +220,14 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": the dtypes measured give different " + what +
                               "s; the smaller is written");
     }
-    // The fusion cell that covers it: its own, else (replicated) the unkeyed one.
+    // The fusion cell that covers it: its own, else the most specific one
+    // of the cells written without its residual or buffers key.
     auto f = fusion_cell.find(scope);
-    if (f == fusion_cell.end() && scope.replicated) {
-      Scope unkeyed = scope;
-      unkeyed.replicated = false;
-      f = fusion_cell.find(unkeyed);
+    for (int drop = 1; drop < 4 && f == fusion_cell.end(); ++drop) {
+      Scope wider = scope;
+      if (drop & 1) wider.replicated = false;
+      if (drop & 2) wider.registered = false;
+      if (wider != scope) f = fusion_cell.find(wider);
     }
     if (f != fusion_cell.end() && !f->second->off && f->second->bytes < cell.bytes) {
       cell.comment += "\nlowered to the fusion cap " + format_size(f->second->bytes) +
@@ -234,21 +248,21 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     std::vector<std::pair<const Group*, Cap>> splits;
     std::map<Scope, std::vector<Derived>> replicated_splits;
     for (const Group& g : groups) {
-      if (g.key.registered) continue;  // noted above
       Cap cap = split_cap(g, backend, options.margin_pct);
       if (cap.kind == Cap::Kind::kNone) continue;
-      if (!g.key.replicated()) {
+      if (!Scope::of(g.key).keyed()) {
         splits.emplace_back(&g, std::move(cap));
       } else if (g.key.capability.is_cpu()) {
         // The threshold serves every call: a split measured with a
-        // replicated residual holds only for such calls, so it becomes a
-        // cpu one-shot cell keyed by the residual instead.
+        // replicated residual or registered buffers holds only for such
+        // calls, so it becomes a cpu one-shot cell keyed by them instead.
         replicated_splits[Scope::of(g.key)].push_back(Derived{g.key.dtype, std::move(cap)});
       } else {
         overlay.notes.push_back(g.key.to_string() + ": " + backend + " one-shot split " +
                                 cap.text() +
                                 " not written: oneshot_max_total serves every call, and only "
-                                "cpu one-shot cells can key a split by the residual");
+                                "cpu one-shot cells can key a split by the residual or the "
+                                "buffers");
       }
     }
     for (const auto& [scope, caps] : replicated_splits) {
@@ -299,7 +313,8 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "# dtype: each cell says which dtype was measured. Calls measured with a replicated\n";
   y += "# residual (bench --residual-replicated) write cells keyed `residual: replicated`;\n";
   y += "# on cpu their shm split is such a one-shot cell, never oneshot_max_total.\n";
-  y += "# Calls measured in registered memory (bench --registered) write no cell.\n";
+  y += "# Calls measured in registered memory (bench --registered) likewise write cells\n";
+  y += "# keyed `buffers: registered`.\n";
   y += "format: 1\n\n";
 
   std::string source;

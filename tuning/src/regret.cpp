@@ -12,6 +12,7 @@ Request group_request(const GroupKey& key, const TopologyFlags& topology) {
   r.dtype = key.dtype;
   r.pattern = key.pattern;
   r.residual_replicated = key.replicated();
+  r.buffers_registered = key.registered;
   return r;
 }
 

@@ -23,6 +23,9 @@ struct Request {
   // Meaningless for Pattern::kAllreduce, which has none: residual_of() says
   // what the tables see.
   bool residual_replicated = false;
+  // The input lies in memory registered with the communicator (ABI v2), so
+  // the backend reads the peers' inputs in place instead of copying.
+  bool buffers_registered = false;
   // Per-rank input bytes = tokens x hidden x element size.
   std::uint64_t message_bytes = 0;
   // 0 means unknown; when known, trtllm two-shot needs tokens >= world_size.
@@ -41,6 +44,11 @@ struct Request {
   constexpr std::optional<Residual> residual() const {
     if (pattern == Pattern::kAllreduce) return std::nullopt;
     return residual_replicated ? Residual::kReplicated : Residual::kDistinct;
+  }
+
+  // The buffers as table keys see them.
+  constexpr BufferKind buffers() const {
+    return buffers_registered ? BufferKind::kRegistered : BufferKind::kCopied;
   }
 
   // Fills message_bytes from tokens x hidden x element size.

@@ -33,9 +33,9 @@ struct Origin {
   Layer layer = Layer::kDefault;
 };
 
-// Keys of a fusion or one-shot cell. nodes == 0, an empty pattern, dtype or
-// residual match anything; each one that is set makes the cell more specific.
-// A residual key matches only residual patterns.
+// Keys of a fusion or one-shot cell. nodes == 0, an empty pattern, dtype,
+// residual or buffers match anything; each one that is set makes the cell
+// more specific. A residual key matches only residual patterns.
 struct CellKey {
   Capability capability;
   std::uint32_t world_size = 0;
@@ -43,18 +43,22 @@ struct CellKey {
   std::optional<Pattern> pattern;
   std::optional<Dtype> dtype;
   std::optional<Residual> residual;
+  std::optional<BufferKind> buffers;
 
   int specificity() const {
-    return (nodes != 0) + pattern.has_value() + dtype.has_value() + residual.has_value();
+    return (nodes != 0) + pattern.has_value() + dtype.has_value() + residual.has_value() +
+           buffers.has_value();
   }
   bool matches(const Request& r) const {
     return r.capability == capability && r.world_size == world_size &&
            (nodes == 0 || nodes == r.nodes) && (!pattern || *pattern == r.pattern) &&
-           (!dtype || *dtype == r.dtype) && (!residual || residual == r.residual());
+           (!dtype || *dtype == r.dtype) && (!residual || residual == r.residual()) &&
+           (!buffers || *buffers == r.buffers());
   }
   bool same_keys(const CellKey& o) const {
     return capability == o.capability && world_size == o.world_size && nodes == o.nodes &&
-           pattern == o.pattern && dtype == o.dtype && residual == o.residual;
+           pattern == o.pattern && dtype == o.dtype && residual == o.residual &&
+           buffers == o.buffers;
   }
   // Some request matches both (every key either equal or unset in one).
   bool overlaps(const CellKey& o) const;

@@ -32,6 +32,11 @@ inline constexpr int kPatternCount = 4;
 // slice of it. A table key; `allreduce` has no residual.
 enum class Residual : std::uint8_t { kDistinct = 0, kReplicated = 1 };
 
+// Where a call's input lies: ordinary (copied) memory, which the backend
+// copies into its workspace, or memory registered with the communicator
+// (ABI v2), which peers read in place. A table key: the costs differ.
+enum class BufferKind : std::uint8_t { kCopied = 0, kRegistered = 1 };
+
 enum class Algorithm : std::uint8_t { kOneshot = 0, kTwoshot = 1, kNative = 2 };
 
 // The backends the policy can choose between. The set is closed on purpose:
@@ -87,6 +92,7 @@ Parsed<Pattern> parse_pattern(std::string_view text);
 Parsed<Backend> parse_backend(std::string_view text);
 Parsed<Algorithm> parse_algorithm(std::string_view text);
 Parsed<Residual> parse_residual(std::string_view text);
+Parsed<BufferKind> parse_buffer_kind(std::string_view text);
 
 std::string capability_name(Capability c);  // "103" or "cpu"
 std::string_view dtype_name(Dtype d);
@@ -94,6 +100,7 @@ std::string_view pattern_name(Pattern p);
 std::string_view backend_name(Backend b);
 std::string_view algorithm_name(Algorithm a);
 std::string_view residual_name(Residual r);
+std::string_view buffer_kind_name(BufferKind b);
 std::string_view device_kind_name(DeviceKind d);
 // "trtllm, nccl" for bits (1 << Backend) set in `mask`; "none" when empty.
 std::string backend_mask_names(std::uint32_t mask);

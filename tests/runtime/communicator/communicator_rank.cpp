@@ -433,6 +433,42 @@ int main(int argc, char** argv) try {
     a.input = plain.data();
     r = comm.allreduce_fusion(a, nullptr);
     expect(r.status == ARBITER_OK, "a call after free: " + r.error);
+
+    // Tables keyed `buffers: registered` see where the input lies: one-shot
+    // cell of 2 KiB for registered calls, so a 4 KiB registered call runs
+    // two-shot while the same call on ordinary memory keeps the threshold
+    // (one-shot). Same sums either way. (A fusion cell too: the defaults
+    // have none at 3 ranks.)
+    const std::string ws = std::to_string(boot.world_size());
+    arbiter::LoadOptions keyed_tables;
+    keyed_tables.overrides.yaml("keyed.yaml",
+                                "format: 1\nprovenance: {source: test}\n"
+                                "fusion:\n  - {capability: cpu, world_size: " +
+                                    ws +
+                                    ", max: 64MiB}\n"
+                                    "oneshot:\n  cells:\n    - {capability: cpu, world_size: " +
+                                    ws + ", buffers: registered, max: 2KiB}\n");
+    const arbiter::Policy keyed_policy = arbiter::Policy::load_or_throw(keyed_tables);
+    arbiter::Communicator keyed(*boot.oob(), keyed_policy, registry, cpu_options(512, 1024, bf16));
+    void* keyed_area = nullptr;
+    r = keyed.alloc_registered(4096, &keyed_area);
+    expect(r.status == ARBITER_OK, "alloc_registered (keyed): " + r.error);
+    std::memcpy(keyed_area, plain.data(), 4096);
+    a.tokens = 2;
+    a.input = plain.data();
+    a.allreduce_out = out_a.data();
+    r = keyed.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_OK && r.decision.algorithm == arbiter::Algorithm::kOneshot,
+           "a 4 KiB call on ordinary memory under the keyed tables: expected one-shot, got " +
+               std::string(arbiter::algorithm_name(r.decision.algorithm)) + "; " + r.error);
+    a.input = keyed_area;
+    a.allreduce_out = out_b.data();
+    r = keyed.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_OK && r.decision.algorithm == arbiter::Algorithm::kTwoshot,
+           "a 4 KiB registered call under the keyed tables: expected two-shot, got " +
+               std::string(arbiter::algorithm_name(r.decision.algorithm)) + "; " + r.error);
+    expect(std::memcmp(out_a.data(), out_b.data(), 4096) == 0,
+           "the keyed registered call's sum differs from the plain call's");
   } else if (mode == "agreement") {
     try {
       const std::uint32_t hidden = boot.rank() == 1 ? 2048 : 1024;

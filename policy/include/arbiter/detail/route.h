@@ -14,16 +14,18 @@
 namespace arbiter::detail {
 
 // Everything about a request but its capability, world size, nodes count and
-// size that a decision depends on, in 8 bits: NVLink, multicast, dtype,
-// pattern, multi-node, residual replicated. The first four are read as one
-// 32-bit word: Request keeps those one-byte fields adjacent (checked below).
-inline constexpr int kSignatureCount = 256;
+// size that a decision depends on, in 9 bits: NVLink, multicast, dtype,
+// pattern, multi-node, residual replicated, buffers registered. The first
+// four are read as one 32-bit word: Request keeps those one-byte fields
+// adjacent (checked below).
+inline constexpr int kSignatureCount = 512;
 inline std::uint32_t signature(const Request& r) {
   std::uint32_t x;  // nvlink | multicast << 8 | dtype << 16 | pattern << 24
   std::memcpy(&x, &r.nvlink_domain, sizeof x);
   return (x & 1u) | ((x >> 7) & 2u) | ((x >> 14) & 0xCu) | ((x >> 20) & 0x30u) |
          static_cast<std::uint32_t>(r.nodes > 1) << 6 |
-         static_cast<std::uint32_t>(r.residual_replicated) << 7;
+         static_cast<std::uint32_t>(r.residual_replicated) << 7 |
+         static_cast<std::uint32_t>(r.buffers_registered) << 8;
 }
 static_assert(offsetof(Request, multicast) == offsetof(Request, nvlink_domain) + 1 &&
                   offsetof(Request, dtype) == offsetof(Request, nvlink_domain) + 2 &&

@@ -3,10 +3,9 @@
 // Grouping: rows are grouped by (capability, world size, nodes, pattern,
 // dtype, residual, buffers): calls with a replicated residual are a group of
 // their own, since the tables may key their cells by it; so are calls whose
-// buffers lay in registered memory (the tables do not key on that, so such a
-// group writes no cell: its regret says how the cells in force suit such
-// calls). Within a group a curve is one option (backend,
-// algorithm, fused) and a point is (bytes, latency).
+// buffers lay in registered memory (`buffers: registered`). Within a group a
+// curve is one option (backend, algorithm, fused) and a point is (bytes,
+// latency).
 //
 // Duplicates: several rows for the same option and bytes (several hidden
 // sizes, runs or files) make one point whose latency is their median (the

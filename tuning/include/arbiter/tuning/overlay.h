@@ -34,9 +34,11 @@
 // (mnnvl) such a split is a note: only cpu one-shot cells set a threshold
 // backend's split.
 //
-// Groups measured in registered memory (`arbiter bench --registered`) write
-// nothing: the tables do not key on the buffers, and a call's buffers are
-// the caller's choice, not the policy's. A note names each such group.
+// Groups measured in registered memory (`arbiter bench --registered`) are
+// treated the same way with the key `buffers: registered` (both keys for a
+// group that is both): their cells win over the unkeyed ones for calls whose
+// input is registered, and on cpu their shm split is a one-shot cell keyed
+// so, never the threshold.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +64,8 @@ struct OverlayCell {
   std::uint32_t world_size = 0;
   std::uint32_t nodes = 0;  // 0: no nodes key
   Pattern pattern = Pattern::kAllreduce;
-  std::optional<Residual> residual;  // set (replicated) for replicated groups only
+  std::optional<Residual> residual;   // set (replicated) for replicated groups only
+  std::optional<BufferKind> buffers;  // set (registered) for registered groups only
   bool off = false;
   std::uint64_t bytes = 0;
   std::string comment;  // without the leading '#'
