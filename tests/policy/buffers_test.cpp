@@ -7,32 +7,15 @@
 #include <boost/test/unit_test.hpp>
 
 #include "print.h"
+#include "site_yaml.h"
 
 #include "arbiter/policy.h"
 #include "arbiter/size.h"
 
 using namespace arbiter;
+using namespace arbiter::test;
 
 namespace {
-
-LoadResult load_yaml(const std::string& text) {
-  LoadOptions o;
-  o.overrides.yaml("site.yaml", text);
-  return Policy::load(o);
-}
-
-Policy must_load(const std::string& text) {
-  LoadResult r = load_yaml(text);
-  for (const Diagnostic& d : r.diagnostics) BOOST_TEST_MESSAGE(d.to_string());
-  BOOST_REQUIRE(r.policy.has_value());
-  return *r.policy;
-}
-
-std::string messages(const std::vector<Diagnostic>& ds) {
-  std::string s;
-  for (const Diagnostic& d : ds) s += d.to_string() + "\n";
-  return s;
-}
 
 Request cpu(std::uint32_t ws, std::uint64_t bytes, bool registered,
             Pattern pattern = Pattern::kResidualRmsnorm) {

@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "print.h"
+#include "site_yaml.h"
 
 #include <cstdio>
 #include <fstream>
@@ -12,21 +13,9 @@
 #include "arbiter/size.h"
 
 using namespace arbiter;
+using namespace arbiter::test;
 
 namespace {
-
-LoadResult load_yaml(const std::string& text) {
-  LoadOptions o;
-  o.overrides.yaml("site.yaml", text);
-  return Policy::load(o);
-}
-
-Policy must_load(const std::string& text) {
-  LoadResult r = load_yaml(text);
-  for (const Diagnostic& d : r.diagnostics) BOOST_TEST_MESSAGE(d.to_string());
-  BOOST_REQUIRE(r.policy.has_value());
-  return *r.policy;
-}
 
 Request gb300(std::uint32_t ws, std::uint32_t nodes, Pattern pattern, std::uint64_t bytes) {
   Request r;
@@ -38,12 +27,6 @@ Request gb300(std::uint32_t ws, std::uint32_t nodes, Pattern pattern, std::uint6
   r.pattern = pattern;
   r.message_bytes = bytes;
   return r;
-}
-
-std::string messages(const std::vector<Diagnostic>& ds) {
-  std::string s;
-  for (const Diagnostic& d : ds) s += d.to_string() + "\n";
-  return s;
 }
 
 const char* kNvl72Site =
