@@ -44,7 +44,8 @@ void check(const Policy& p, const Request& r, Algorithm algorithm, std::uint64_t
 }  // namespace
 
 // The defaults: shm one-shot for registered residual_rmsnorm calls to 16 MiB
-// at 2 ranks and 2 MiB at 4 (measured); other calls keep the threshold.
+// at 2 ranks and 2 MiB at 4, and with a replicated residual to 512 KiB at 2
+// ranks (measured); other calls keep the threshold.
 BOOST_AUTO_TEST_CASE(the_default_tables_run_registered_calls_one_shot_where_measured) {
   const Policy p = Policy::load_or_throw(LoadOptions{});
   check(p, cpu(2, 16 * kMiB, true), Algorithm::kOneshot, 64 * kMiB);
@@ -55,10 +56,17 @@ BOOST_AUTO_TEST_CASE(the_default_tables_run_registered_calls_one_shot_where_meas
   // Ordinary memory: the 256 KiB total threshold.
   check(p, cpu(2, 128 * kKiB, false), Algorithm::kOneshot, 64 * kMiB);
   check(p, cpu(2, 128 * kKiB + 2, false), Algorithm::kTwoshot, 64 * kMiB);
-  // Not measured: other patterns and a replicated residual keep it too.
+  // Not measured: other patterns keep it too.
   check(p, cpu(2, 1 * kMiB, true, Pattern::kAllreduce), Algorithm::kTwoshot, 64 * kMiB);
-  Request replicated = cpu(2, 1 * kMiB, true);
+  // A replicated residual in registered buffers: one-shot to 512 KiB at 2
+  // ranks; at 4, the threshold (64 KiB per rank).
+  Request replicated = cpu(2, 512 * kKiB, true);
   replicated.residual_replicated = true;
+  check(p, replicated, Algorithm::kOneshot, 64 * kMiB);
+  replicated.message_bytes = 512 * kKiB + 2;
+  check(p, replicated, Algorithm::kTwoshot, 64 * kMiB);
+  replicated.world_size = 4;
+  replicated.message_bytes = 64 * kKiB + 4;
   check(p, replicated, Algorithm::kTwoshot, 64 * kMiB);
   const Decision d = p.explain(cpu(2, 1 * kMiB, true));
   const std::string text = p.explain_text(cpu(2, 1 * kMiB, true), d);

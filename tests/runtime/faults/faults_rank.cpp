@@ -316,8 +316,10 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
     bool norm;
     std::uint32_t tokens;
     bool registered = false;  // every rank's input in `area` (alloc_registered), odd() aside
-    // Replicated residual, residual_out and norm_out in `area` too: two-shot
-    // (2 ranks, 64 tokens) copies the other slices from their owners.
+    // Replicated residual, residual_out and norm_out in `area` too: run as
+    // shm two-shot (pinned: the tables may send such a call to one-shot,
+    // whose outputs are each rank's own), which copies the other slices from
+    // their owners.
     bool registered_outputs = false;
   };
   const Case cases[] = {
@@ -376,7 +378,9 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
     }
     if (odd) c.odd(a, b);
     const auto started = Clock::now();
-    const auto r = comm->allreduce_fusion(a, nullptr);
+    const auto r = c.registered_outputs ? comm->run_on(arbiter::Backend::kShm,
+                                                       arbiter::Algorithm::kTwoshot, a, nullptr)
+                                        : comm->allreduce_fusion(a, nullptr);
     say(rank, std::string("mismatch ") + c.name + ": status " + std::to_string(r.status) +
                   " after " + std::to_string(since(started)) + " s: " + r.error);
     Buffers exact;
