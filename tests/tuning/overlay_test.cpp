@@ -505,3 +505,37 @@ BOOST_AUTO_TEST_CASE(registered_groups_write_cells_keyed_by_their_buffers) {
   r.residual_replicated = true;
   BOOST_TEST((tuned.decide(r).algorithm == Algorithm::kOneshot));
 }
+
+// A replicated, registered group measured without an unfused option has no
+// fusion cell of its own: its one-shot cell is checked against the fusion
+// cell that covers its calls (the replicated one, else the unkeyed one),
+// never against the registered distinct cell, which does not cover them.
+BOOST_AUTO_TEST_CASE(a_replicated_registered_split_is_checked_against_the_cell_covering_it) {
+  const std::string header =
+      std::string(kHeader).insert(std::string(kHeader).size() - 1, ",residual,buffers");
+  const auto data = parse_csv(
+      header +
+      // copied, distinct: fused to 128 KiB
+      "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,10,distinct,copied\n"
+      "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,native,0,20,distinct,copied\n"
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,40,distinct,copied\n"
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,native,0,50,distinct,copied\n"
+      // registered, distinct: fused to 32 KiB only
+      "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,10,distinct,registered\n"
+      "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,native,0,20,distinct,registered\n"
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,60,distinct,registered\n"
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,native,0,50,distinct,registered\n"
+      // registered, replicated: one-shot wins to 128 KiB, no unfused measured
+      "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,5,replicated,registered\n"
+      "cpu,2,1,bf16,1024,16,32768,residual_rmsnorm,shm,twoshot,1,9,replicated,registered\n"
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,30,replicated,registered\n"
+      "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,twoshot,1,40,replicated,registered\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST((o.oneshot[0].residual == Residual::kReplicated));
+  BOOST_TEST((o.oneshot[0].buffers == BufferKind::kRegistered));
+  BOOST_TEST(o.oneshot[0].bytes == 128 * kKiB);
+  BOOST_TEST(!contains(o.oneshot[0].comment, "lowered"), o.oneshot[0].comment);
+  const std::vector<Diagnostic> d = validate_text(o.yaml);
+  BOOST_TEST(d.empty(), text_of(d) << o.yaml);
+}

@@ -143,7 +143,6 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   std::map<Scope, std::vector<std::pair<const Group*, Derived>>> fusion_by_scope;
   std::map<Scope, std::vector<Derived>> oneshot_by_scope;
   std::map<Scope, bool> has_trtllm;
-  Overlay overlay;
   for (const Group& g : groups) {
     const Scope scope = Scope::of(g.key);
     fusion_by_scope[scope].push_back({&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct)}});
@@ -153,6 +152,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     }
   }
 
+  Overlay overlay;
   std::map<Scope, const OverlayCell*> fusion_cell;
   overlay.fusion.reserve(fusion_by_scope.size());
   for (const auto& [scope, entries] : fusion_by_scope) {
@@ -220,14 +220,19 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": the dtypes measured give different " + what +
                               "s; the smaller is written");
     }
-    // The fusion cell that covers it: its own, else the most specific one
-    // of the cells written without its residual or buffers key.
+    // The fusion cell that covers its calls: its own, else the one written
+    // without its buffers key, else without its residual key too. (Never a
+    // registered cell without the residual: that one is keyed `residual:
+    // distinct`, so it does not cover a replicated scope.)
     auto f = fusion_cell.find(scope);
-    for (int drop = 1; drop < 4 && f == fusion_cell.end(); ++drop) {
-      Scope wider = scope;
-      if (drop & 1) wider.replicated = false;
-      if (drop & 2) wider.registered = false;
-      if (wider != scope) f = fusion_cell.find(wider);
+    Scope wider = scope;
+    if (f == fusion_cell.end() && wider.registered) {
+      wider.registered = false;
+      f = fusion_cell.find(wider);
+    }
+    if (f == fusion_cell.end() && wider.replicated) {
+      wider.replicated = false;
+      f = fusion_cell.find(wider);
     }
     if (f != fusion_cell.end() && !f->second->off && f->second->bytes < cell.bytes) {
       cell.comment += "\nlowered to the fusion cap " + format_size(f->second->bytes) +
@@ -246,7 +251,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
 
   for (const char* backend : kThresholdBackends) {
     std::vector<std::pair<const Group*, Cap>> splits;
-    std::map<Scope, std::vector<Derived>> replicated_splits;
+    std::map<Scope, std::vector<Derived>> keyed_splits;
     for (const Group& g : groups) {
       Cap cap = split_cap(g, backend, options.margin_pct);
       if (cap.kind == Cap::Kind::kNone) continue;
@@ -256,7 +261,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
         // The threshold serves every call: a split measured with a
         // replicated residual or registered buffers holds only for such
         // calls, so it becomes a cpu one-shot cell keyed by them instead.
-        replicated_splits[Scope::of(g.key)].push_back(Derived{g.key.dtype, std::move(cap)});
+        keyed_splits[Scope::of(g.key)].push_back(Derived{g.key.dtype, std::move(cap)});
       } else {
         overlay.notes.push_back(g.key.to_string() + ": " + backend + " one-shot split " +
                                 cap.text() +
@@ -265,7 +270,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
                                 "buffers");
       }
     }
-    for (const auto& [scope, caps] : replicated_splits) {
+    for (const auto& [scope, caps] : keyed_splits) {
       oneshot_cell(scope, caps, std::string(backend) + " one-shot split");
     }
     if (splits.empty()) continue;
