@@ -38,7 +38,17 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
     if (workspace.sum_buffer.size() < bytes) workspace.sum_buffer.resize(bytes);
     sums = workspace.sum_buffer.data();
   }
-  workspace.sum_inputs(workspace.twoshot_inputs(), 0, elements, sums);
+  // This rank's rows come from its input, in its cache (from its copy when
+  // the sums overwrite that input, in place); the peers' from their slots.
+  // Reading its own slot instead made the unfused 4 KiB call 1.35x slower
+  // (2 ranks; docs/backends.md, "what the call signature check costs").
+  const std::size_t row_bytes = std::size_t{hidden} * common::dtype_size(dtype);
+  const void* own = sums == args.input
+                        ? static_cast<const void*>(workspace.twoshot_input(workspace.rank()))
+                        : args.input;
+  const std::byte* const* rows =
+      workspace.rows_for_kernels(workspace.twoshot_inputs(), own, 0, args.tokens, row_bytes, false);
+  workspace.sum_inputs(rows, 0, elements, sums);
   // Nobody may overwrite its input copy (next call) while another rank sums.
   workspace.fault_point("shm.call.barrier2");
   status = workspace.barrier(backoff, "native barrier 2 (inputs read)");

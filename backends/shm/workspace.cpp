@@ -55,9 +55,9 @@ std::byte* Workspace::twoshot_input(std::int32_t rank) {
 
 const std::byte* const* Workspace::rows_for_kernels(const std::byte* const* shared, const void* own,
                                                     std::size_t first, std::size_t count,
-                                                    std::size_t row_bytes) {
+                                                    std::size_t row_bytes, bool copy_small) {
   const std::size_t bytes = count * row_bytes;
-  const bool copy_peers = bytes <= kLocalRowBytes;
+  const bool copy_peers = copy_small && bytes <= kLocalRowBytes;
   if (copy_peers && local_rows_.empty()) {
     local_rows_.resize(kLocalRowBytes * static_cast<std::size_t>(world_size_));
   }

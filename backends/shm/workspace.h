@@ -82,9 +82,11 @@ class Workspace {
   // ranks, eight interleaved runs: median 1.6 us against 1.75, and 2.8-3.2
   // us against 3.6-5.0 while the VM's cores were contended; from 16 KiB on
   // the extra pass costs as much as it saves, and more at 64 KiB.
+  // copy_small false: never copy (the peers' rows stay in the mapping; the
+  // unfused path measured faster so at every size).
   const std::byte* const* rows_for_kernels(const std::byte* const* shared, const void* own,
                                            std::size_t first, std::size_t count,
-                                           std::size_t row_bytes);
+                                           std::size_t row_bytes, bool copy_small = true);
   static constexpr std::size_t kLocalRowBytes = 8 * 1024;
 
   // A backoff whose deadline is timeout_ms from now, for one run().
