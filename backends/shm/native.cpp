@@ -42,12 +42,10 @@ Status run_native(Workspace& workspace, const arbiter_allreduce_args& args) {
   // the sums overwrite that input, in place); the peers' from their slots.
   // Reading its own slot instead made the unfused 4 KiB call 1.35x slower
   // (2 ranks; docs/backends.md, "what the call signature check costs").
-  const std::size_t row_bytes = std::size_t{hidden} * common::dtype_size(dtype);
   const void* own = sums == args.input
                         ? static_cast<const void*>(workspace.twoshot_input(workspace.rank()))
                         : args.input;
-  const std::byte* const* rows =
-      workspace.rows_for_kernels(workspace.twoshot_inputs(), own, 0, args.tokens, row_bytes, false);
+  const std::byte* const* rows = workspace.rows_for_kernels(workspace.twoshot_inputs(), own);
   workspace.sum_inputs(rows, 0, elements, sums);
   // Nobody may overwrite its input copy (next call) while another rank sums.
   workspace.fault_point("shm.call.barrier2");

@@ -83,9 +83,8 @@ Status run_oneshot(Workspace& workspace, const arbiter_allreduce_args& args) {
         return s;
       }
     }
-    workspace.kernels().reduce_tokens(
-        args, workspace.rows_for_kernels(slots, args.input, first, tokens, row_bytes), ranks, first,
-        tokens, row);
+    workspace.kernels().reduce_tokens(args, workspace.rows_for_kernels(slots, args.input), ranks,
+                                      first, tokens, row);
   }
   return {};
 }

@@ -35,9 +35,8 @@ Status run_oneshot_registered(Workspace& workspace, const arbiter_allreduce_args
   float* row = workspace.row_scratch(args.hidden);
   for (std::size_t first = 0; first < args.tokens; first += chunk_tokens) {
     const std::size_t tokens = std::min<std::size_t>(chunk_tokens, args.tokens - first);
-    workspace.kernels().reduce_tokens(
-        args, workspace.rows_for_kernels(inputs, args.input, first, tokens, row_bytes), ranks,
-        first, tokens, row);
+    workspace.kernels().reduce_tokens(args, workspace.rows_for_kernels(inputs, args.input), ranks,
+                                      first, tokens, row);
   }
   workspace.fault_point("shm.call.barrier2");
   return workspace.barrier(backoff, "registered one-shot end (peers done reading inputs)");

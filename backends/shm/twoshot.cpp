@@ -73,8 +73,7 @@ Status finish_replicated(Workspace& workspace, const arbiter_allreduce_args& arg
                          const std::byte* const* inputs, std::size_t row_bytes, std::uint32_t first,
                          std::uint32_t end, const OwnerOutputs* owners, Backoff& backoff) {
   const std::int32_t ranks = workspace.world_size();
-  const std::byte* const* rows =
-      workspace.rows_for_kernels(inputs, args.input, first, end - first, row_bytes);
+  const std::byte* const* rows = workspace.rows_for_kernels(inputs, args.input);
   const auto outputs = staged_outputs(args, row_bytes);
   float* const row = workspace.row_scratch(args.hidden);
   const auto chunk_tokens = static_cast<std::uint32_t>(oneshot_chunk_tokens(row_bytes));
@@ -145,9 +144,8 @@ Status run_twoshot(Workspace& workspace, const arbiter_allreduce_args& args,
     return finish_replicated(workspace, args, inputs, row_bytes, first, end, owners, backoff);
   }
   std::byte* sums = workspace.sums();
-  workspace.sum_inputs(
-      workspace.rows_for_kernels(inputs, args.input, first, end - first, row_bytes),
-      std::size_t{first} * hidden, std::size_t{end} * hidden, sums);
+  workspace.sum_inputs(workspace.rows_for_kernels(inputs, args.input), std::size_t{first} * hidden,
+                       std::size_t{end} * hidden, sums);
   workspace.fault_point("shm.call.barrier2");
   status = workspace.barrier(backoff, "two-shot barrier 2 (slice sums published)");
   if (!status.ok()) return status;

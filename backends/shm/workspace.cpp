@@ -53,25 +53,10 @@ std::byte* Workspace::twoshot_input(std::int32_t rank) {
          static_cast<std::size_t>(rank) * layout_.slot_stride;
 }
 
-const std::byte* const* Workspace::rows_for_kernels(const std::byte* const* shared, const void* own,
-                                                    std::size_t first, std::size_t count,
-                                                    std::size_t row_bytes, bool copy_small) {
-  const std::size_t bytes = count * row_bytes;
-  const bool copy_peers = copy_small && bytes <= kLocalRowBytes;
-  if (copy_peers && local_rows_.empty()) {
-    local_rows_.resize(kLocalRowBytes * static_cast<std::size_t>(world_size_));
-  }
+const std::byte* const* Workspace::rows_for_kernels(const std::byte* const* shared,
+                                                    const void* own) {
   for (std::int32_t q = 0; q < world_size_; ++q) {
-    if (q == rank_ || !copy_peers) {
-      kernel_rows_[q] = q == rank_ ? static_cast<const std::byte*>(own) : shared[q];
-      continue;
-    }
-    std::byte* copy = local_rows_.data() + static_cast<std::size_t>(q) * kLocalRowBytes;
-    std::memcpy(copy, shared[q] + first * row_bytes, bytes);
-    // The kernels index rows from token 0: the address `first` rows before
-    // the copy (computed as an integer; only rows from `first` on are read).
-    kernel_rows_[q] = reinterpret_cast<const std::byte*>(reinterpret_cast<std::uintptr_t>(copy) -
-                                                         first * row_bytes);
+    kernel_rows_[q] = q == rank_ ? static_cast<const std::byte*>(own) : shared[q];
   }
   return kernel_rows_.data();
 }

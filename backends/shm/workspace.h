@@ -71,23 +71,14 @@ class Workspace {
   // summation two-shot and the unfused path share.
   void sum_inputs(const std::byte* const* rows, std::size_t begin, std::size_t end, void* out);
 
-  // What the kernels read for tokens [first, first + count) of every rank,
-  // as the `rows` of TokenKernels: rank q's token t at result[q] + t x
-  // row_bytes. This rank's rows come from `own`, its input (in its cache,
-  // and two-shot does not copy its own slice in); a peer's from `shared[q]`
-  // in the mapping, except that rows of at most kLocalRowBytes are first
-  // copied into host scratch, one memcpy per peer, which fetches the lines
-  // from the peer's core many at a time where the kernel's own loads come
-  // one line per 32 bf16 values amid the arithmetic. 4 KiB one-shot, 2
-  // ranks, eight interleaved runs: median 1.6 us against 1.75, and 2.8-3.2
-  // us against 3.6-5.0 while the VM's cores were contended; from 16 KiB on
-  // the extra pass costs as much as it saves, and more at 64 KiB.
-  // copy_small false: never copy (the peers' rows stay in the mapping; the
-  // unfused path measured faster so at every size).
-  const std::byte* const* rows_for_kernels(const std::byte* const* shared, const void* own,
-                                           std::size_t first, std::size_t count,
-                                           std::size_t row_bytes, bool copy_small = true);
-  static constexpr std::size_t kLocalRowBytes = 8 * 1024;
+  // What the kernels read, as the `rows` of TokenKernels: rank q's token t
+  // at result[q] + t x row_bytes. This rank's rows come from `own`, its
+  // input (in its cache; two-shot does not copy its own slice in), a peer's
+  // from `shared[q]` in the mapping. Small peers' rows were once copied into
+  // host scratch first (4 KiB one-shot, 2 ranks: 1.6 us against 1.75); on
+  // 2026-12-05 the direct reads were faster at 4 and 8 KiB, for every
+  // algorithm, at 2 and 4 ranks (docs/backends.md), so nothing is copied.
+  const std::byte* const* rows_for_kernels(const std::byte* const* shared, const void* own);
 
   // A backoff whose deadline is timeout_ms from now, for one run().
   Backoff start_call();
@@ -219,7 +210,6 @@ class Workspace {
   std::uint32_t barrier_flag_ = 0;
   std::vector<const std::byte*> twoshot_inputs_;
   std::vector<float> row_scratch_;
-  std::vector<std::byte> local_rows_;  // kLocalRowBytes per rank, made at first use
   std::array<const std::byte*, kMaxRanks> kernel_rows_{};
 };
 
