@@ -69,8 +69,9 @@ void CsvWriter::row(const RunContext& c, const Row& r) {
        << pattern_name(p.pattern) << ','
        << (p.residual() ? residual_name(*p.residual()) : std::string_view()) << ','
        << backend_name(r.option.backend) << ',' << algorithm_name(r.option.algorithm) << ','
-       << (r.option.fused ? 1 : 0) << ',' << (r.option.registered ? "registered" : "copied") << ','
-       << (ok ? number(r.latency_us) : "") << ',' << (ok ? number(r.p10_us) : "") << ','
+       << (r.option.fused ? 1 : 0) << ','
+       << buffer_kind_name(r.option.registered ? BufferKind::kRegistered : BufferKind::kCopied)
+       << ',' << (ok ? number(r.latency_us) : "") << ',' << (ok ? number(r.p10_us) : "") << ','
        << (ok ? number(r.p90_us) : "") << ',' << (ok ? std::to_string(r.trials) : "") << ','
        << (ok ? std::to_string(r.iterations) : "") << ',' << csv_field(c.device) << ','
        << status_name(r.status) << ',' << (r.status == Row::Status::kSkipped ? 1 : 0) << ','

@@ -57,14 +57,13 @@ class Runner {
   virtual void prepare(const std::vector<Point>& points, int rank) = 0;
   virtual const Buffers& buffers() const = 0;
 
-  // `arbiter bench --registered`: after prepare(), the same buffers with the
-  // input (same values) and every output in memory `comm` registers
-  // (Communicator::alloc_registered, collective: every rank calls it).
-  // Returns "" when they are ready, else why not; nothing is then allocated.
-  // Replaces earlier registered buffers.
-  virtual std::string prepare_registered(Communicator& comm, const std::vector<Point>& points) {
+  // `arbiter bench --registered`: after prepare(), the same buffers (sized
+  // for prepare()'s points) with the input (same values) and every output in
+  // memory `comm` registers (Communicator::alloc_registered, collective:
+  // every rank calls it). Returns "" when they are ready, else why not;
+  // nothing is then allocated. Replaces earlier registered buffers.
+  virtual std::string prepare_registered(Communicator& comm) {
     (void)comm;
-    (void)points;
     return "this runner has no registered buffers: no GPU module allocates registered memory "
            "yet (docs/registered-buffers.md)";
   }

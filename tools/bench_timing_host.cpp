@@ -69,7 +69,9 @@ class HostRunner final : public Runner {
     const Dtype dtype = points.empty() ? Dtype::kBf16 : points.front().dtype;
     const std::size_t elt = static_cast<std::size_t>(element_size(dtype));
     const OutputSizes out = largest_outputs(points);
-    input_.resize(elements * elt);
+    input_bytes_ = elements * elt;
+    output_bytes_ = out;
+    input_.resize(input_bytes_);
     residual_.resize(elements * elt);
     gamma_.resize(std::size_t{hidden} * elt);
     fill_sample(input_.data(), elements, dtype, static_cast<std::uint32_t>(rank));
@@ -89,18 +91,11 @@ class HostRunner final : public Runner {
 
   // One allocation: the input, then each output, each part on its own page
   // (the same offsets on every rank, as a registered call needs).
-  std::string prepare_registered(Communicator& comm, const std::vector<Point>& points) override {
+  std::string prepare_registered(Communicator& comm) override {
     release_registered(comm);
-    std::size_t elements = 0;
-    for (const Point& p : points) elements = std::max(elements, std::size_t{p.tokens} * p.hidden);
-    const Dtype dtype = points.empty() ? Dtype::kBf16 : points.front().dtype;
-    const OutputSizes out = largest_outputs(points);
-    const std::size_t sizes[] = {elements * static_cast<std::size_t>(element_size(dtype)),
-                                 out.allreduce_out,
-                                 out.residual_out,
-                                 out.norm_out,
-                                 out.quant_out,
-                                 out.scale_out};
+    const OutputSizes& out = output_bytes_;
+    const std::size_t sizes[] = {input_bytes_, out.allreduce_out, out.residual_out,
+                                 out.norm_out, out.quant_out,     out.scale_out};
     constexpr std::size_t kPage = 4096;
     std::size_t offsets[std::size(sizes)] = {};
     std::size_t total = 0;
@@ -190,6 +185,8 @@ class HostRunner final : public Runner {
   Block input_, residual_, gamma_, allreduce_out_, residual_out_, norm_out_, quant_out_, scale_out_;
   float scale_ = kQuantScale;
   Buffers buffers_;
+  std::size_t input_bytes_ = 0;  // prepare()'s sizes, for prepare_registered()
+  OutputSizes output_bytes_;
   void* registered_ = nullptr;  // the registered allocation, or nullptr
   Buffers registered_buffers_;
 };

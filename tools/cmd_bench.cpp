@@ -480,7 +480,7 @@ int cmd_bench(const Args& args) {
     if (settings.registered) {
       // Collective; a rank whose allocation failed makes every rank skip the
       // registered options (its reason in rank 0's rows when it is rank 0).
-      no_registered = runner->prepare_registered(comm, mine);
+      no_registered = runner->prepare_registered(comm);
       if (!all_agree(boot, no_registered.empty(), timeout)) {
         runner->release_registered(comm);
         if (no_registered.empty()) no_registered = "the registered allocation failed on a peer";

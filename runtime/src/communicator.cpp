@@ -723,7 +723,7 @@ Request Communicator::Impl::request_for(const arbiter_allreduce_args& args,
   r.hidden = args.hidden;
   r.residual_replicated = (args.flags & ARBITER_RUN_RESIDUAL_REPLICATED) != 0;
   // Tables may key on it; the zero-copy call itself is run_in_slices' part.
-  r.buffers_registered = !registered.empty() && registered_area(args.input) != nullptr;
+  r.buffers_registered = registered_area(args.input) != nullptr;
   r.message_bytes = Request::message_bytes_of(args.tokens, args.hidden, r.dtype);
   r.excluded_backends = excluded;
   return r;

@@ -303,9 +303,9 @@ Row parse_row(RowParser& p, const std::string& file, std::uint32_t line) {
   }
 
   const std::string_view buffers = p.field("buffers");
-  if (buffers == "registered") {
-    r.registered = true;
-  } else if (!buffers.empty() && buffers != "copied") {
+  if (const Parsed<BufferKind> kind = parse_buffer_kind(buffers); kind) {
+    r.registered = *kind.value == BufferKind::kRegistered;
+  } else if (!buffers.empty()) {
     p.error("buffers", quoted(buffers) +
                            " is not registered or copied (empty means copied: the call's "
                            "buffers were ordinary memory)");
