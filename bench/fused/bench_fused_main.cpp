@@ -98,7 +98,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", e.what());
       rc = 1;
     }
-    bench::print_summary(b.points(), o.backends, b.stopped(), b.failures());
+    // Modules with registered memory have "<name>-reg" rows too.
+    std::vector<std::string> columns;
+    for (const std::string& name : o.backends) {
+      columns.push_back(name);
+      for (const bench::Point& p : b.points()) {
+        if (p.median(bench::option_key(name + "-reg", "oneshot")) ||
+            p.median(bench::option_key(name + "-reg", "twoshot"))) {
+          columns.push_back(name + "-reg");
+          break;
+        }
+      }
+    }
+    bench::print_summary(b.points(), columns, b.stopped(), b.failures());
   } catch (const bench::Failure& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     rc = 1;

@@ -113,7 +113,9 @@ void Bench::run_shape(int ws, std::uint32_t hidden) {
     Group g;
     g.module = &m;
     g.group = create_group(m, ws, hidden, capacity);
-    if (g.group != nullptr) groups.push_back(std::move(g));
+    if (g.group == nullptr) continue;
+    if (m.module->memory() != nullptr) register_inputs(g, hidden, capacity);
+    groups.push_back(std::move(g));
   }
 
   for (std::uint32_t t : tokens) {
@@ -137,6 +139,28 @@ void Bench::run_shape(int ws, std::uint32_t hidden) {
   groups.clear();  // collective destroy, before the buffers go
   buffers_.clear();
   watchdog_.disarm();
+}
+
+// Each rank's input copied into memory the module registers: the
+// "<backend>-reg" rows. A failure is noted and leaves the rows out.
+void Bench::register_inputs(Group& g, std::uint32_t hidden, std::uint32_t capacity) {
+  const std::string shape = g.module->name + " ws " + std::to_string(g.group->size()) + " hidden " +
+                            std::to_string(hidden);
+  const std::uint64_t bytes = std::uint64_t{capacity} * hidden * kElementBytes;
+  std::vector<void*> parts;
+  std::string error;
+  const std::int32_t status =
+      g.group->alloc_registered(*g.module->module->memory(), bytes, &parts, &error);
+  if (status != ARBITER_OK) {
+    report_.note(shape + ": registered rows left out: alloc returned " + std::to_string(status) +
+                 ": " + error);
+    return;
+  }
+  for (int r = 0; r < g.group->size(); ++r) {
+    check(cudaMemcpy(parts[r], buffers_.rank(r).input.get(), bytes, cudaMemcpyDeviceToDevice),
+          "copying the input into registered memory");
+  }
+  g.registered = parts;  // freed with the workspaces
 }
 
 std::unique_ptr<test::LoopbackGroup> Bench::create_group(const Module& m, int ws,
@@ -250,10 +274,17 @@ void Bench::run_point(Timer& timer, std::vector<Group>& groups, int ws, std::uin
     for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
       std::string why;
       if (admits(g, algorithm, p, &why)) {
-        run_fused(timer, g, p, algorithm, where);
+        run_fused(timer, g, p, algorithm, where, false);
       } else if (!why.empty()) {
         report_.comment(where + " " + g.module->name + " " + algorithm_key(algorithm) +
                         ": not run: " + why);
+      }
+      // Registered: no per-call capacity (two-shot is sliced by the module).
+      const bool too_few_tokens = g.module->name == "trtllm" &&
+                                  algorithm == ARBITER_ALGORITHM_TWOSHOT &&
+                                  p.tokens < static_cast<std::uint32_t>(p.ws);
+      if (!g.registered.empty() && !too_few_tokens) {
+        run_fused(timer, g, p, algorithm, where, true);
       }
     }
   }
@@ -285,8 +316,9 @@ bool Bench::admits(const Group& g, arbiter_algorithm algorithm, const Point& p,
 }
 
 void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm algorithm,
-                      const std::string& where) {
-  const std::string& backend = g.module->name;
+                      const std::string& where, bool registered) {
+  const std::string backend = g.module->name + (registered ? "-reg" : "");
+  const arbiter_backend_memory_v2_t* memory = g.module->module->memory();
   const char* name = algorithm_key(algorithm);
   const std::string what = where + " " + backend + " " + name;
   const arbiter_backend_v1_t& api = *g.module->module->api();
@@ -300,7 +332,7 @@ void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm 
     a.algorithm = algorithm;
     a.tokens = p.tokens;
     a.hidden = p.hidden;
-    a.input = buffers_.rank(r).input.get();
+    a.input = registered ? g.registered[r] : buffers_.rank(r).input.get();
     a.residual_in = buffers_.rank(r).residual_in.get();
     a.residual_out = buffers_.rank(r).residual_out.get();
     a.gamma = buffers_.gamma();
@@ -309,7 +341,9 @@ void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm 
   }
   // First through LoopbackGroup::run(): it notices ranks that disagree.
   std::string error;
-  const std::int32_t status = group.run(args, &error, &timer.streams());
+  const std::int32_t status = registered
+                                  ? group.run_registered(*memory, args, &error, &timer.streams())
+                                  : group.run(args, &error, &timer.streams());
   if (group.hung()) {
     fail(what + ": " + error + "; the enqueued kernels can never finish, so the run stops");
     std::fflush(nullptr);
@@ -325,7 +359,9 @@ void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm 
   }
   std::string run_error;  // the first refusal, for the messages below
   const Enqueue op = [&](int r, cudaStream_t s) -> cudaError_t {
-    if (api.run(group.workspace(r), &args[r], s) == ARBITER_OK) return cudaSuccess;
+    const std::int32_t rc = registered ? memory->run_registered(group.workspace(r), &args[r], s)
+                                       : api.run(group.workspace(r), &args[r], s);
+    if (rc == ARBITER_OK) return cudaSuccess;
     if (run_error.empty())
       run_error = "run() on rank " + std::to_string(r) + ": " + api.last_error();
     return cudaErrorUnknown;

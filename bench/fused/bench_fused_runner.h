@@ -51,6 +51,9 @@ class Bench {
   struct Group {
     const Module* module = nullptr;
     std::unique_ptr<test::LoopbackGroup> group;
+    // Each rank's input copied into the module's registered memory (ABI
+    // v2), or empty: the "<backend>-reg" rows read it in place.
+    std::vector<void*> registered;
   };
 
   bool fused_supported(const Module& m, int ws, std::string* why) const;
@@ -62,7 +65,8 @@ class Bench {
                  std::uint32_t tokens);
   bool admits(const Group& g, arbiter_algorithm algorithm, const Point& p, std::string* why) const;
   void run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm algorithm,
-                 const std::string& where);
+                 const std::string& where, bool registered);
+  void register_inputs(Group& g, std::uint32_t hidden, std::uint32_t capacity);
   std::string compare(const Point& p, const std::string& what);
 
   const Options& o_;

@@ -538,10 +538,13 @@ void parse_cells(Parser& p, const YamlNode& node, bool fusion, std::vector<Layer
       p.warning(item, "a cpu cell keyed by nodes " + std::to_string(k.nodes) +
                           " never applies: the shm backend serves one host");
     }
-    if (k.buffers == BufferKind::kRegistered && !k.capability.is_cpu()) {
-      p.warning(item,
-                "a cell keyed by buffers registered applies only to capability cpu today: "
-                "no GPU module registers memory yet (docs/registered-buffers.md)");
+    // Registered memory: shm on cpu, trtllm from capability 90 (its minimum).
+    if (k.buffers == BufferKind::kRegistered && !k.capability.is_cpu() &&
+        k.capability.code() < 90) {
+      p.warning(item, "a cell keyed by buffers registered never applies on capability " +
+                          std::to_string(k.capability.code()) +
+                          ": no module registers memory there (trtllm needs capability 90 or "
+                          "later; docs/registered-buffers.md)");
     }
     auto twin = std::find_if(out.begin(), out.end(),
                              [&](const LayerCell& o) { return o.cell.key.same_keys(k); });

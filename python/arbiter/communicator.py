@@ -23,6 +23,7 @@ import threading
 
 from . import _array_call, _library
 from ._results import FusionResult, WorkspaceFootprint, nvfp4_scale_bytes, stream_handle
+from .errors import ArbiterError, Status
 from .errors import invalid_argument as _invalid
 from .oob import PythonOob
 from .policy import Decision, Dtype, Pattern, Policy, decision_from_c, parse_capability
@@ -80,6 +81,21 @@ class _Registered:
         # too (it is collective); the process's exit unmaps the memory.
         if not sys.is_finalizing():
             self._comm._free_registered(self._address)
+
+
+class _RegisteredCuda(_Registered):
+    """The same for device memory (a CUDA communicator's registered memory,
+    arbiter.torch.empty): torch.as_tensor() reads __cuda_array_interface__
+    and holds this object until the tensor's storage dies."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, comm: "Communicator", address: int, nbytes: int) -> None:
+        super().__init__(comm, address, (nbytes,), "|u1")
+        # Version 2: no "stream" entry, so torch synchronises nothing; the
+        # allocation is complete when alloc returns.
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (address, False), "version": 2}
 
 
 class Communicator:
@@ -434,6 +450,11 @@ class Communicator:
 
         if not self._handle:
             raise _invalid("empty(): the communicator is closed")
+        if self.device >= 0:
+            raise ArbiterError(Status.UNSUPPORTED,
+                               f"empty(): this communicator runs on CUDA device {self.device}, "
+                               f"whose registered memory is device memory, and empty() returns "
+                               f"numpy (host) arrays; use arbiter.torch.empty(comm, shape)")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0
                             for n in shape):
@@ -446,16 +467,27 @@ class Communicator:
         else:
             kind = np.dtype(dtype)
         nbytes = math.prod(shape) * kind.itemsize
+        owner = _Registered(self, self._alloc("empty()", nbytes), shape, kind.str)
+        return np.asarray(owner)
+
+    def _alloc(self, what: str, nbytes: int) -> int:
+        """arbiter_comm_alloc (collective): the address of this rank's part,
+        counted in _registered until its owner object dies."""
         data = ctypes.c_void_p()
         with self._lock:
             if not self._handle:
-                raise _invalid("empty(): the communicator is closed")
+                raise _invalid(f"{what}: the communicator is closed")
             self._drain_frees()
             _library.check(self._lib, self._lib.arbiter_comm_alloc(
                 self._handle, nbytes, ctypes.byref(data)))
             self._registered += 1
-        owner = _Registered(self, data.value, shape, kind.str)
-        return np.asarray(owner)
+        return data.value
+
+    def _empty_cuda(self, nbytes: int) -> object:
+        """arbiter.torch.empty on a CUDA communicator: registered device
+        memory (trtllm) as an object with __cuda_array_interface__ (uint8,
+        nbytes long) that frees it when it dies."""
+        return _RegisteredCuda(self, self._alloc("arbiter.torch.empty()", nbytes), nbytes)
 
     def _free_registered(self, address: int) -> None:
         """The last view of an empty() array died: frees it on this rank.

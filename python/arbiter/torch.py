@@ -41,7 +41,6 @@ import torch
 
 from . import _torch_tensors
 from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
-from .errors import ArbiterError, Status
 from .errors import invalid_argument as _invalid
 from .policy import Dtype, Pattern, parse_pattern
 
@@ -216,13 +215,10 @@ def empty(comm, shape, dtype=None):
     dtype: a torch.dtype, "fp16"/"bf16"/"fp32", or None for the
     communicator's. The tensor (and every view of it) keeps the allocation
     alive, freed on this rank when the last dies; comm.close() refuses while
-    one lives. Only communicators on host memory have registered memory: a
-    CUDA communicator raises ArbiterError(UNSUPPORTED)."""
-    if comm.device >= 0:
-        raise ArbiterError(Status.UNSUPPORTED,
-                           f"arbiter.torch.empty(): this communicator runs on CUDA device "
-                           f"{comm.device}, which has no registered memory yet; allocate with "
-                           f"torch.empty(..., device='cuda:{comm.device}') (calls copy as usual)")
+    one lives. On a CUDA communicator the tensor is on its device, in memory
+    the trtllm module maps into every rank (peers read it in place; calls
+    the policy sends elsewhere copy as usual); ArbiterError(UNSUPPORTED)
+    where no backend of the communicator registers memory."""
     if dtype is None:
         kind = _TORCH_DTYPES[comm.dtype]
     elif isinstance(dtype, str) and dtype in _DTYPE_NAMES:
@@ -240,6 +236,12 @@ def empty(comm, shape, dtype=None):
     count = 1
     for n in shape:
         count *= n
+    if comm.device >= 0:
+        # uint8 through __cuda_array_interface__ (it has no bf16 type); the
+        # tensor's storage holds the owner object, which frees the memory.
+        owner = comm._empty_cuda(count * itemsize)
+        raw = torch.as_tensor(owner, device=f"cuda:{comm.device}")
+        return raw.view(kind).view(shape)
     # Bytes as numpy's uint8, then viewed as `kind` (bf16 and fp8 have no
     # numpy type): torch.from_numpy holds the array, which holds the
     # allocation, and every view of the tensor holds its storage.

@@ -61,6 +61,21 @@ def main(folder: str, bootstrap: str) -> int:
         for name, tensor in out.items():
             with open(os.path.join(folder, f"rank{rank}-{tokens}-{name}"), "wb") as f:
                 f.write(tensor.cpu().view(torch.uint8).numpy().tobytes())
+    # Registered memory (arbiter.torch.empty: trtllm maps it into every
+    # rank): the same bits as the last plain call, in place too.
+    registered = arbiter.torch.empty(comm, (tokens, HIDDEN))
+    for in_place in (False, True):
+        registered.copy_(xs[rank])
+        got = {"residual_out": torch.empty_like(residual),
+               "norm_out": registered if in_place else torch.empty_like(residual)}
+        r = comm.allreduce_fusion(registered, residual, weight, eps=1e-6, out=got, stream=stream)
+        torch.cuda.current_stream().synchronize()
+        ok = all(torch.equal(got[name], out[name]) for name in out)
+        d = r.decision
+        print(f"rank {rank}: registered{' in place' if in_place else ''}: {d.backend} "
+              f"{d.algorithm}: {'ok' if ok else 'WRONG'}", flush=True)
+        failures += not ok
+    del registered, got
     comm.close()
     if bootstrap == "group":
         dist.destroy_process_group()

@@ -314,19 +314,21 @@ def test_a_dispatch_mode_sees_the_op(comm):
     assert r.decision is None and torch.equal(r.residual_out, residual_ref)
 
 
-def test_empty_refuses_a_cuda_communicator_naming_its_device():
-    """arbiter.torch.empty(): no registered memory on GPUs yet; the refusal
-    says what to allocate instead, and nothing is allocated."""
-    import arbiter.torch as arbiter_torch
+def test_numpy_empty_refuses_a_cuda_communicator_naming_torch_empty():
+    """comm.empty() returns numpy (host) arrays; a CUDA communicator's
+    registered memory is device memory, so it refuses and names
+    arbiter.torch.empty, allocating nothing."""
+    from arbiter.communicator import Communicator
 
     class CudaCommunicator:  # what empty() reads of a GPU Communicator
+        _handle = 1
         device = 1
         dtype = arbiter.Dtype.BF16
 
-        def empty(self, *args):
+        def _alloc(self, *args):
             raise AssertionError("allocated on a CUDA communicator")
 
     with pytest.raises(arbiter.ArbiterError) as e:
-        arbiter_torch.empty(CudaCommunicator(), (2, 8))
+        Communicator.empty(CudaCommunicator(), (2, 8))
     assert e.value.status == arbiter.Status.UNSUPPORTED
-    assert "CUDA device 1" in e.value.message and "cuda:1" in e.value.message
+    assert "CUDA device 1" in e.value.message and "arbiter.torch.empty" in e.value.message

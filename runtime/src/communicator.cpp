@@ -31,6 +31,7 @@ struct RegisteredArea {
   const std::byte* data;
   std::uint64_t bytes;
   Backend backend;
+  std::uint64_t serial;  // the same on every rank: alloc_registered() calls before it
 };
 
 // Every communicator's registered areas in this process, to name the misuse
@@ -283,6 +284,7 @@ struct Communicator::Impl {
   bool check_calls = false;
   std::uint64_t calls = 0;                 // allreduce_fusion() and run_on() calls so far
   std::vector<RegisteredArea> registered;  // this rank's registered allocations
+  std::uint64_t registered_made = 0;       // alloc_registered() calls that succeeded
   // GPU communicators: the watcher of the peers on this host (peer_watch.h).
   // It sets `dead_peer_error`, then `dead_peer` (once, from its thread).
   std::vector<ProcessIdentity> processes;
@@ -642,8 +644,18 @@ bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uin
   struct Record {
     common::CallSignature signature;
     std::uint64_t call;
+    // Where the input lies: 0 for ordinary memory, else the allocation (its
+    // serial + 1) and the offset. Every rank must pass the same: a module
+    // reads the peers' inputs at this rank's offset.
+    std::uint64_t allocation;
+    std::uint64_t offset;
   };
   Record mine{};
+  if (const RegisteredArea* area = registered_area(args.input); area != nullptr) {
+    mine.allocation = area->serial + 1;
+    mine.offset =
+        static_cast<std::uint64_t>(static_cast<const std::byte*>(args.input) - area->data);
+  }
   // Known values only: an unknown pattern, dtype or algorithm is refused
   // per rank below (the signature reads them as plain numbers).
   mine.signature = common::signature_of(args, /*read_scale=*/false, /*with_algorithm=*/false);
@@ -676,8 +688,18 @@ bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uin
       fault_error = result.error;
       return false;
     }
-    const std::string difference =
+    std::string difference =
         common::call_difference(all[0].signature, 0, all[r].signature, static_cast<int>(r));
+    if (difference.empty() &&
+        (all[r].allocation != all[0].allocation || all[r].offset != all[0].offset)) {
+      const auto where = [](const Record& rec) {
+        return rec.allocation == 0 ? std::string("ordinary memory")
+                                   : "registered allocation " + std::to_string(rec.allocation - 1) +
+                                         " at offset " + std::to_string(rec.offset);
+      };
+      difference = "where the input lies (rank 0: " + where(all[0]) + ", rank " +
+                   std::to_string(r) + ": " + where(all[r]) + ")";
+    }
     if (!difference.empty()) {
       result.status = ARBITER_MISMATCH;
       result.error = "check mode: " + common::mismatch_message(difference, call);
@@ -1041,7 +1063,8 @@ Communicator::Result Communicator::alloc_registered(std::uint64_t bytes, void** 
         result.error = w.module->last_error();
         return result;
       }
-      const RegisteredArea area{static_cast<const std::byte*>(local), bytes, b};
+      const RegisteredArea area{static_cast<const std::byte*>(local), bytes, b,
+                                impl_->registered_made++};
       impl_->registered.push_back(area);
       {
         std::lock_guard lock(g_registered_mutex);

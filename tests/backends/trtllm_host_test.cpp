@@ -101,6 +101,7 @@ BOOST_AUTO_TEST_CASE(one_shot_stages_hold_world_size_slots_of_the_message_capaci
           BOOST_TEST(l.oneshot_bytes == 3 * l.stage_bytes);
           BOOST_TEST(l.twoshot_bytes == 2 * l.slot_bytes);
           BOOST_TEST(l.flags_bytes >= std::uint64_t{kMaxGridBlocks} * ws * 8);
+          BOOST_TEST(l.registered_flags_bytes >= std::uint64_t{kMaxGridBlocks} * ws * 16);
           BOOST_TEST(l.control_bytes >= sizeof(ControlBlock));
         }
       }
@@ -113,16 +114,18 @@ BOOST_AUTO_TEST_CASE(workspace_regions_are_aligned_contiguous_and_sum_to_the_tot
     for (const arbiter_dtype dtype : kDtypes) {
       const WorkspaceLayout l = layout_or_fail(ws, 3 * kMiB + 40, dtype);
       BOOST_TEST_CONTEXT("ws " << ws << " dtype " << dtype) {
-        for (const std::uint64_t offset : {l.control_offset, l.flags_offset, l.oneshot_offset,
-                                           l.twoshot_offset, l.twoshot_sum_offset()}) {
+        for (const std::uint64_t offset :
+             {l.control_offset, l.flags_offset, l.oneshot_offset, l.twoshot_offset,
+              l.twoshot_sum_offset(), l.registered_flags_offset}) {
           BOOST_TEST(offset % kSlotAlignment == 0);
         }
         BOOST_TEST(l.control_offset == 0u);
         BOOST_TEST(l.flags_offset == l.control_offset + l.control_bytes);
         BOOST_TEST(l.oneshot_offset == l.flags_offset + l.flags_bytes);
         BOOST_TEST(l.twoshot_offset == l.oneshot_offset + l.oneshot_bytes);
-        BOOST_TEST(l.total_bytes ==
-                   l.control_bytes + l.flags_bytes + l.oneshot_bytes + l.twoshot_bytes);
+        BOOST_TEST(l.registered_flags_offset == l.twoshot_offset + l.twoshot_bytes);
+        BOOST_TEST(l.total_bytes == l.control_bytes + l.flags_bytes + l.oneshot_bytes +
+                                        l.twoshot_bytes + l.registered_flags_bytes);
         // Every slot of every stage is aligned, disjoint and inside the one-shot region.
         for (std::uint32_t stage = 0; stage < 3; ++stage) {
           for (std::uint32_t rank = 0; rank < static_cast<std::uint32_t>(ws); ++rank) {
@@ -133,8 +136,10 @@ BOOST_AUTO_TEST_CASE(workspace_regions_are_aligned_contiguous_and_sum_to_the_tot
           }
         }
         BOOST_TEST(l.twoshot_sum_offset() == l.twoshot_input_offset() + l.slot_bytes);
-        BOOST_TEST(l.twoshot_sum_offset() + l.slot_bytes == l.total_bytes);
+        BOOST_TEST(l.twoshot_sum_offset() + l.slot_bytes == l.registered_flags_offset);
         BOOST_TEST(l.flag_offset(kMaxGridBlocks - 1, ws - 1) + 8 <= l.oneshot_offset);
+        BOOST_TEST(l.registered_flag_offset(0, 0) == l.registered_flags_offset);
+        BOOST_TEST(l.registered_flag_offset(kMaxGridBlocks - 1, ws - 1) + 16 <= l.total_bytes);
       }
     }
   }

@@ -1,7 +1,8 @@
 // Registered buffers as a table key: cells keyed by `buffers:` match only
 // calls whose input is (or is not) registered, the most specific cell wins,
-// conflicts and unknown values are errors at file:line:col, a GPU cell keyed
-// registered is a warning, and cpu one-shot cells steer shm's split for
+// conflicts and unknown values are errors at file:line:col, a cell keyed
+// registered below capability 90 (no module registers memory there) is a
+// warning, and cpu one-shot cells steer shm's split for
 // registered calls before its threshold.
 #define BOOST_TEST_MODULE policy_buffers
 #include <boost/test/unit_test.hpp>
@@ -189,14 +190,17 @@ BOOST_AUTO_TEST_CASE(an_unknown_buffers_value_names_the_known_ones) {
   BOOST_TEST(m.find("copied") != std::string::npos, m);
 }
 
-BOOST_AUTO_TEST_CASE(a_registered_gpu_cell_is_a_warning_and_the_tables_still_load) {
+BOOST_AUTO_TEST_CASE(a_registered_cell_below_capability_90_is_a_warning_and_the_tables_load) {
   const LoadResult r = load_yaml(
       "format: 1\n"
       "provenance: {source: test}\n"
       "fusion:\n"
+      "  - {capability: 80, world_size: 2, buffers: registered, max: 8MiB}\n"
       "  - {capability: 90, world_size: 2, buffers: registered, max: 8MiB}\n");
   BOOST_TEST(r.policy.has_value());
   const std::string m = messages(r.diagnostics);
   BOOST_TEST(m.find("site.yaml:4:5: warning") != std::string::npos, m);
-  BOOST_TEST(m.find("no GPU module registers memory yet") != std::string::npos, m);
+  BOOST_TEST(m.find("never applies on capability 80") != std::string::npos, m);
+  // trtllm registers memory from capability 90 on: that cell is meaningful.
+  BOOST_TEST(m.find("site.yaml:5:") == std::string::npos, m);
 }

@@ -39,6 +39,16 @@ struct KernelParams {
   const std::uint32_t* abort_flag = nullptr;
   // The call: this rank's input, and everything the epilogue writes.
   const void* input = nullptr;
+  // Registered calls (registered.h) only. sources[q]: rank q's input as
+  // mapped in this process (its registered memory, at the call's offset),
+  // read in place; all NULL on a copied call. call_key names the allocation
+  // and offset; every rank's must be equal (checked at the first barrier).
+  const char* sources[kMaxRanks] = {};
+  std::uint64_t registered_flags_offset = 0;
+  std::uint64_t call_key = 0;
+  // Registered one-shot: an output is this rank's input (in place), so no
+  // rank may write a token's outputs before every peer has read it.
+  std::uint32_t input_overwritten = 0;
   common::EpilogueParams epilogue;
 };
 

@@ -18,6 +18,12 @@ using common::LaunchShape;
 cudaError_t launch_oneshot(const KernelParams& params, arbiter_dtype dtype, arbiter_pattern pattern,
                            const LaunchShape& shape, cudaStream_t stream);
 
+// A registered one-shot call (params.sources set): oneshot_registered.cu.
+cudaError_t launch_oneshot_registered(const KernelParams& params, arbiter_dtype dtype,
+                                      arbiter_pattern pattern, const LaunchShape& shape,
+                                      cudaStream_t stream);
+
+// Copied or registered (params.sources set) two-shot.
 cudaError_t launch_twoshot(const KernelParams& params, arbiter_dtype dtype, arbiter_pattern pattern,
                            const LaunchShape& shape, cudaStream_t stream);
 
@@ -29,8 +35,9 @@ cudaError_t launch_fill_sentinel(void* base, std::uint64_t bytes, arbiter_dtype 
 // at once, for the kernels' resource footprint (cudaOccupancyMaxActiveClusters).
 cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters);
 
-// The same for the one-shot kernels alone (oneshot.cu; the above takes the
-// smaller of one-shot and two-shot).
+// The same for the one-shot kernels alone (oneshot.cu, and
+// oneshot_registered.cu; the above takes the smallest of all kernels).
 cudaError_t query_oneshot_clusters(std::uint32_t cluster_size, int* clusters);
+cudaError_t query_oneshot_registered_clusters(std::uint32_t cluster_size, int* clusters);
 
 }  // namespace arbiter::trtllm

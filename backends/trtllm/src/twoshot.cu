@@ -17,6 +17,12 @@
 // until its own words [b][0..ws) reach it. Peers may be ahead, never behind;
 // a word left from an earlier call with a larger grid is below the epoch.
 // The last CTA to finish records the epoch in the control block.
+//
+// A registered call (KernelParams::sources set) skips step 1: step 3 pulls
+// from every rank's input in place, and its barriers are the registered
+// ones (barrier.cuh; epochs in ControlBlock::registered_epoch). Every read
+// of a peer's input happens before the second barrier, so the caller may
+// overwrite it once the kernel ends, and outputs over the input are safe.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include "arbiter/common/cuda/fused_epilogue.cuh"
 #include "arbiter/common/cuda/kernel_launch.cuh"
 #include "arbiter/common/partition.h"
+#include "barrier.cuh"
 #include "launch.h"
 
 namespace arbiter::trtllm {
@@ -34,33 +41,9 @@ using common::Epilogue;
 
 constexpr unsigned kPullBatch = 4;
 
-// Every rank's CTA blockIdx.x has reached epoch `target`; its stores before
-// the barrier are visible to the CTAs that pass it. After an abort (the
-// host's flag) a waiting thread stores the epoch into its own word (Spin),
-// so the barrier ends; every thread still passes the __syncthreads.
-__device__ void cross_rank_barrier(const KernelParams& p, std::uint64_t target) {
-  using namespace common::device;
-  __syncthreads();
-  for (std::uint32_t q = threadIdx.x; q < p.world_size; q += blockDim.x) {
-    auto flags = [&](std::uint32_t rank) {
-      return reinterpret_cast<std::uint64_t*>(p.peers[rank] + p.flags_offset) +
-             std::uint64_t{blockIdx.x} * p.world_size;
-    };
-    // The CTA's stores, ordered before this thread by __syncthreads, happen
-    // before the flag for observers on any GPU: a system-scope release is
-    // cumulative, so no fence is needed before it.
-    store_release_system(flags(q) + p.rank, target);
-    std::uint64_t* const mine = flags(p.rank) + q;
-    Spin spin("trtllm");
-    while (load_acquire_system(mine) < target) {
-      spin.again(
-          p, [&] { store_release_system(mine, target); }, "two-shot barrier", q, blockIdx.x);
-    }
-  }
-  __syncthreads();
-}
-
-template <arbiter_dtype kDtype, Epilogue kEpilogue>
+// kRegistered: a registered call (sources set). A template parameter, not a
+// branch: the branch spills at the register limit.
+template <arbiter_dtype kDtype, Epilogue kEpilogue, bool kRegistered>
 __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
     twoshot_kernel(const KernelParams p) {
   using namespace common::device;
@@ -69,12 +52,21 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
   __shared__ ReductionSmem smem;
   __shared__ std::uint64_t shared_epoch;
 
+  constexpr bool registered = kRegistered;
   wait_for_previous_grid();
   if (threadIdx.x == 0) {
-    shared_epoch = *reinterpret_cast<volatile std::uint64_t*>(&p.control->barrier_epoch);
+    shared_epoch = *reinterpret_cast<volatile std::uint64_t*>(
+        registered ? &p.control->registered_epoch : &p.control->barrier_epoch);
   }
   __syncthreads();
   const std::uint64_t epoch = shared_epoch;
+  auto barrier = [&](std::uint64_t target) {
+    if constexpr (registered) {
+      registered_barrier(p, target, target == epoch + 1);
+    } else {
+      cross_rank_barrier(p, target);
+    }
+  };
 
   const Lane lane = lane_of(p.epilogue);
   const unsigned clusters = gridDim.x / p.epilogue.cluster_size;
@@ -83,15 +75,15 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
   const std::uint64_t lane_bytes = std::uint64_t{lane.vector} * 16;
   char* const self = p.peers[p.rank];
 
-  // 1. Stage in.
-  if (lane.active) {
+  // 1. Stage in (copied calls).
+  if (lane.active && !kRegistered) {
     for (std::uint32_t t = cluster; t < p.tokens; t += clusters) {
       const std::uint64_t offset = t * row_bytes + lane_bytes;
       store_vector(self + p.twoshot_input_offset + offset,
                    load_vector(static_cast<const char*>(p.input) + offset));
     }
   }
-  cross_rank_barrier(p, epoch + 1);
+  barrier(epoch + 1);
 
   // 3. Reduce this rank's slice; push the sums to every rank.
   if (lane.active) {
@@ -109,7 +101,11 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
 #pragma unroll
         for (unsigned j = 0; j < kPullBatch; ++j) {
           if (q0 + j < p.world_size) {
-            v[j] = load_volatile(p.peers[q0 + j] + p.twoshot_input_offset + offset);
+            if constexpr (kRegistered) {
+              v[j] = load_volatile(p.sources[q0 + j] + offset);
+            } else {
+              v[j] = load_volatile(p.peers[q0 + j] + p.twoshot_input_offset + offset);
+            }
           }
         }
 #pragma unroll
@@ -127,7 +123,7 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
       }
     }
   }
-  cross_rank_barrier(p, epoch + 2);
+  barrier(epoch + 2);
 
   // 5. Epilogue on the gathered sums.
   for (std::uint32_t t = cluster; t < p.tokens; t += clusters) {
@@ -141,7 +137,13 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
     apply_epilogue<kDtype, kEpilogue>(p.epilogue, t, lane, sum, smem);
   }
 
-  arrive(p.control, [&](ControlBlock& control) { control.barrier_epoch = epoch + 2; });
+  arrive(p.control, [&](ControlBlock& control) {
+    if constexpr (registered) {
+      control.registered_epoch = epoch + 2;
+    } else {
+      control.barrier_epoch = epoch + 2;
+    }
+  });
   allow_dependent_grid();
 }
 
@@ -149,23 +151,28 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
 
 cudaError_t launch_twoshot(const KernelParams& params, arbiter_dtype dtype, arbiter_pattern pattern,
                            const LaunchShape& shape, cudaStream_t stream) {
+  const bool registered = params.sources[0] != nullptr;
   const auto kernel = common::select_kernel<KernelParams>(
-      dtype, pattern, [](auto d, auto e) -> common::KernelFunction<KernelParams> {
-        return twoshot_kernel<decltype(d)::value, decltype(e)::value>;
+      dtype, pattern, [registered](auto d, auto e) -> common::KernelFunction<KernelParams> {
+        if (registered) return twoshot_kernel<decltype(d)::value, decltype(e)::value, true>;
+        return twoshot_kernel<decltype(d)::value, decltype(e)::value, false>;
       });
   return common::launch_kernel(kernel, params, shape, stream);
 }
 
 cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters) {
-  // The smaller of the two kernels' residency, so neither outgrows a wave.
+  // The smallest of the kernels' residency, so none outgrows a wave.
   int oneshot = 0;
+  int registered = 0;
   int twoshot = 0;
   cudaError_t e = query_oneshot_clusters(cluster_size, &oneshot);
+  if (e == cudaSuccess) e = query_oneshot_registered_clusters(cluster_size, &registered);
   if (e == cudaSuccess) {
     e = common::max_active_clusters<KernelParams>(
-        twoshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4>, cluster_size, &twoshot);
+        twoshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4, false>, cluster_size, &twoshot);
   }
   *clusters = oneshot < twoshot ? oneshot : twoshot;
+  if (registered < *clusters) *clusters = registered;
   return e;
 }
 

@@ -161,6 +161,7 @@ Status map_peer(arbiter_workspace& ws, const Hello& mine, const Hello& peer, std
       cudaGetLastError();  // clears cudaErrorPeerAccessAlreadyEnabled
     }
     ws.peers[q] = reinterpret_cast<char*>(static_cast<std::uintptr_t>(peer.base));
+    ws.same_process[q] = true;
     return Status();
   }
   if (!peer.ipc_ok) {
@@ -229,6 +230,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
     mapped = q == ws.rank ? Status() : map_peer(ws, mine, hellos[q], q);
   }
   ws.peers[ws.rank] = ws.base;
+  ws.same_process[ws.rank] = true;
   Outcome outcome{};
   outcome.status = mapped.code();
   common::put_reason(outcome, mapped.message());
@@ -253,8 +255,16 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
 
 void destroy_workspace(arbiter_workspace& ws) {
   common::destroy_peer_mapped(
-      ws.oob, ws.timeout_ms, ws.device, [&] { close_peer_mappings(ws); },
-      [&] { unmap_and_free(ws); }, /*local=*/ws.abort.raised());
+      ws.oob, ws.timeout_ms, ws.device,
+      [&] {
+        close_peer_mappings(ws);
+        ws.registered.close_peer_mappings();
+      },
+      [&] {
+        unmap_and_free(ws);
+        ws.registered.free_own();
+      },
+      /*local=*/ws.abort.raised());
 }
 
 }  // namespace arbiter::trtllm

@@ -10,12 +10,15 @@
 #include "arbiter/trtllm/workspace_layout.h"
 #include "arbiter_backend.h"
 #include "kernel_params.h"
+#include "registered.h"
 
 struct arbiter_workspace : arbiter::common::FusedRank {
   arbiter::trtllm::WorkspaceLayout layout;
   char* base = nullptr;  // this rank's allocation
   char* peers[arbiter::trtllm::kMaxRanks] = {};
-  bool ipc_opened[arbiter::trtllm::kMaxRanks] = {};  // mappings to close on destroy
+  bool ipc_opened[arbiter::trtllm::kMaxRanks] = {};    // mappings to close on destroy
+  bool same_process[arbiter::trtllm::kMaxRanks] = {};  // peers used by plain pointer (and self)
+  arbiter::trtllm::RegisteredMemory registered;        // freed with the workspace
 };
 
 namespace arbiter::trtllm {
@@ -26,8 +29,8 @@ common::Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_
                                 arbiter_workspace& ws);
 
 // Collective: waits for this rank's device, then for every rank, unmaps the
-// peers and frees the allocation. Never fails; a lost peer only shortens it.
-// After abort() it is local: it waits on no peer.
+// peers and frees the allocation and the registered memory left. Never fails; a lost peer only
+// shortens it. After abort() it is local: it waits on no peer.
 void destroy_workspace(arbiter_workspace& ws);
 
 }  // namespace arbiter::trtllm

@@ -20,7 +20,10 @@
 //  - in-place calls (outputs over input or residual_in, in_place_layouts.h)
 //    give the bits of separate buffers, and a partial overlap is refused;
 //  - 10,000 back-to-back calls and CUDA-graph replays (inputs changed
-//    between replays) keep producing the right bits.
+//    between replays) keep producing the right bits;
+//  - a module with registered memory (ABI v2) gives, for an input in it,
+//    the bits of the copied call, in place too, and the peers have read the
+//    input when the call ends (registered_calls()).
 // Every wait has a deadline: a hung kernel cannot be recovered, so the test
 // names the case and exits.
 //
@@ -160,11 +163,13 @@ struct GroupStats {
 // One workspace group (world size x dtype) and the buffers of its ranks.
 class GroupRunner {
  public:
-  GroupRunner(const FusedSuite& suite, const arbiter_backend_v1_t& api, arbiter_dtype dtype,
-              int world_size, std::uint32_t capability, const HostInputs& inputs,
+  GroupRunner(const FusedSuite& suite, const arbiter_backend_v1_t& api,
+              const arbiter_backend_memory_v2_t* memory, arbiter_dtype dtype, int world_size,
+              std::uint32_t capability, const HostInputs& inputs,
               const std::vector<PinnedBuffer>& staging, Watchdog& watchdog)
       : suite_(suite),
         api_(api),
+        memory_(memory),
         info_(make_info(suite, dtype, world_size, capability)),
         inputs_(inputs),
         staging_(staging),
@@ -195,6 +200,7 @@ class GroupRunner {
     salted();
     in_place();
     oversized();
+    if (memory_ != nullptr) registered_calls();
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf(
@@ -746,6 +752,219 @@ class GroupRunner {
     }
   }
 
+  // Registered memory (ABI v2): each rank's sweep input copied into its part
+  // of one allocation, at an offset, then
+  //  - every variant, one-shot and two-shot, on two shapes: run_registered
+  //    gives every rank the bits of the copied call (run());
+  //  - in place (norm_out and residual_out over the registered input, many
+  //    tokens per CTA): the same bits;
+  //  - each rank overwrites its input right after its call, 50 times: the
+  //    results stay exact (the peers had read it when the call ended);
+  //  - an input crossing the end of the allocation, or not registered, is
+  //    refused on every rank with nothing enqueued;
+  //  - free on every rank, then a new allocation (which frees the old parts
+  //    for real) serves a call.
+  void registered_calls() {
+    const std::uint64_t offset = 4096;  // calls at an offset into the parts
+    const std::uint64_t bytes =
+        std::uint64_t{info_.max_tokens} * info_.max_hidden * info_.element_size();
+    const std::string name = suite_.backend + " registered, ws " + std::to_string(world_size()) +
+                             " " + dtype_name(dtype());
+    std::vector<void*> parts;
+    std::string error;
+    watchdog_.arm(name + " alloc", seconds(120));
+    std::int32_t status = group_.alloc_registered(*memory_, offset + bytes, &parts, &error);
+    watchdog_.disarm();
+    if (!ARBITER_CHECK(status == ARBITER_OK, name, "alloc: status " << status << ": " << error)) {
+      return;
+    }
+    DeviceInputs registered = sweep_inputs();
+    for (int r = 0; r < world_size(); ++r) {
+      registered.inputs[r] = static_cast<const char*>(parts[r]) + offset;
+    }
+    const auto load_inputs = [&](std::uint64_t n) {
+      cudaError_t e = cudaSuccess;
+      for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
+        e = cudaMemcpyAsync(const_cast<void*>(registered.inputs[r]), ranks_[r].input.get(), n,
+                            cudaMemcpyDeviceToDevice, group_.stream(r));
+      }
+      return e;
+    };
+    // Runs `args` registered on every rank and compares each rank's outputs
+    // with `want`. The outputs are cleared first, then the inputs loaded
+    // (an output may be the input).
+    const auto run_and_compare = [&](const Call& c, const std::vector<arbiter_allreduce_args>& args,
+                                     const HostOutputs& want, const std::string& context) {
+      cudaError_t e = cudaSuccess;
+      for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
+        e = clear_outputs(args[r], c, group_.stream(r));
+      }
+      if (e == cudaSuccess) e = load_inputs(c.bytes());
+      if (!ARBITER_CHECK(e == cudaSuccess, context, "cudaMemsetAsync: " << cudaGetErrorString(e))) {
+        return false;
+      }
+      watchdog_.arm(context, seconds(120));
+      std::string why;
+      const std::int32_t rc = group_.run_registered(*memory_, args, &why);
+      ++stats_.calls;
+      exit_if_hung(context, why);
+      ARBITER_CHECK(rc == ARBITER_OK, context, "run_registered: status " << rc << ": " << why);
+      if (rc == ARBITER_OK) wait_or_exit(context, kCallLimit);
+      watchdog_.disarm();
+      if (rc != ARBITER_OK) return false;
+      ++stats_.ran;
+      parallel_for(static_cast<std::size_t>(world_size()), [&](std::size_t r) {
+        compare_device_outputs(args[r], c, want, staging(static_cast<int>(r)),
+                               context + ", rank " + std::to_string(r) + " vs the copied call");
+      });
+      return true;
+    };
+    // Every variant and algorithm, against the copied call.
+    const std::uint32_t hiddens[] = {suite_.hiddens.front(), suite_.hiddens.back()};
+    std::size_t rotation = 0;
+    for (std::uint32_t hidden : hiddens) {
+      for (std::uint32_t tokens : {suite_.token_counts.front(), suite_.token_counts.back()}) {
+        Call c = base_call();
+        c.hidden = hidden;
+        c.tokens = tokens;
+        c.inputs = "registered";
+        for (const Variant& v : suite_.variants) {
+          const std::size_t k = rotation++;
+          c.variant = v;
+          if (c.norm()) {
+            c.allreduce_out = k % 3 == 1;
+            c.residual_out = k % 4 != 2;
+            c.residual_in = k % 5 != 4;
+          }
+          c.pdl = k % 4 == 3;
+          for (arbiter_algorithm algorithm :
+               {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
+            c.algorithm = algorithm;
+            const std::optional<HostOutputs> want = execute(c, sweep_inputs());
+            if (!want) continue;
+            run_and_compare(c, group_args(c, registered), *want, c.name() + " registered");
+          }
+        }
+      }
+    }
+
+    // In place: norm_out over the registered input (vLLM's layout), with the
+    // most tokens, so that each CTA handles several.
+    for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
+      Call c = base_call();
+      c.variant = kResidualRmsnorm;
+      c.tokens = suite_.max_tokens;
+      c.hidden = suite_.hiddens.front();
+      c.residual_out = true;
+      c.algorithm = algorithm;
+      c.inputs = "registered, norm_out over the input";
+      const std::optional<HostOutputs> want = execute(c, sweep_inputs());
+      if (!want) continue;
+      std::vector<arbiter_allreduce_args> args = group_args(c, registered);
+      for (arbiter_allreduce_args& a : args) a.norm_out = const_cast<void*>(a.input);
+      run_and_compare(c, args, *want, c.name() + " registered in place");
+    }
+    // The input is overwritten on each rank's stream right after its call.
+    {
+      Call c = base_call();
+      c.variant = kResidualRmsnorm;
+      c.tokens = suite_.back_to_back.tokens;
+      c.hidden = suite_.back_to_back.hidden;
+      c.allreduce_out = true;
+      c.residual_out = true;
+      c.inputs = "registered, input overwritten after each call";
+      for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
+        c.algorithm = algorithm;
+        const std::optional<HostOutputs> want = execute(c, sweep_inputs());
+        if (!want) continue;
+        const std::vector<arbiter_allreduce_args> args = group_args(c, registered);
+        for (int i = 0; i < 50; ++i) {
+          const std::string context = c.name() + ", call " + std::to_string(i);
+          if (!ARBITER_CHECK(load_inputs(c.bytes()) == cudaSuccess, context, "copy")) return;
+          cudaError_t e = cudaSuccess;
+          for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
+            e = clear_outputs(args[r], c, group_.stream(r));
+          }
+          std::string why;
+          const std::int32_t rc = group_.run_registered(*memory_, args, &why);
+          ++stats_.calls;
+          exit_if_hung(context, why);
+          if (!ARBITER_CHECK(rc == ARBITER_OK, context, "run_registered: " << rc << ": " << why)) {
+            break;
+          }
+          // NaN bits over the input, as soon as this rank's kernel ends.
+          for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
+            e = cudaMemsetAsync(const_cast<void*>(registered.inputs[r]), 0xFF, c.bytes(),
+                                group_.stream(r));
+          }
+          if (!ARBITER_CHECK(e == cudaSuccess, context, cudaGetErrorString(e))) return;
+          wait_or_exit(context, kCallLimit);
+          ++stats_.ran;
+          parallel_for(static_cast<std::size_t>(world_size()), [&](std::size_t r) {
+            compare_device_outputs(args[r], c, *want, staging(static_cast<int>(r)),
+                                   context + ", rank " + std::to_string(r));
+          });
+        }
+      }
+    }
+
+    // Misuse: refused on every rank, nothing enqueued.
+    {
+      Call c = base_call();
+      c.variant = kResidualRmsnorm;
+      c.tokens = 2;
+      c.hidden = suite_.hiddens.front();
+      c.algorithm = ARBITER_ALGORITHM_ONESHOT;
+      std::vector<arbiter_allreduce_args> args = group_args(c, registered);
+      for (int r = 0; r < world_size(); ++r) {
+        args[r].input = static_cast<const char*>(parts[r]) + offset + bytes - c.bytes() / 2;
+      }
+      std::string why;
+      std::int32_t rc = group_.run_registered(*memory_, args, &why);
+      ++stats_.calls;
+      exit_if_hung(name, why);
+      if (ARBITER_CHECK(
+              rc == ARBITER_INVALID_ARGUMENT && why.find("crosses the end") != std::string::npos,
+              name, "an input crossing the end: status " << rc << ": " << why)) {
+        ++stats_.refused;
+      }
+      args = group_args(c, sweep_inputs());
+      rc = group_.run_registered(*memory_, args, &why);
+      ++stats_.calls;
+      exit_if_hung(name, why);
+      if (ARBITER_CHECK(rc == ARBITER_INVALID_ARGUMENT &&
+                            why.find("not in memory registered") != std::string::npos,
+                        name, "an unregistered input: status " << rc << ": " << why)) {
+        ++stats_.refused;
+      }
+    }
+
+    // Free (local), allocate anew, call once more.
+    for (int r = 0; r < world_size(); ++r) {
+      const std::int32_t rc = memory_->free(group_.workspace(r), parts[r]);
+      ARBITER_CHECK(rc == ARBITER_OK, name, "free on rank " << r << ": " << rc);
+      const std::int32_t again = memory_->free(group_.workspace(r), parts[r]);
+      ARBITER_CHECK(again == ARBITER_INVALID_ARGUMENT, name, "a second free: " << again);
+    }
+    watchdog_.arm(name + " second alloc", seconds(120));
+    status = group_.alloc_registered(*memory_, bytes, &parts, &error);
+    watchdog_.disarm();
+    if (!ARBITER_CHECK(status == ARBITER_OK, name, "second alloc: " << status << ": " << error)) {
+      return;
+    }
+    for (int r = 0; r < world_size(); ++r) registered.inputs[r] = parts[r];
+    Call c = base_call();
+    c.variant = kResidualRmsnorm;
+    c.tokens = suite_.token_counts.back();
+    c.hidden = suite_.hiddens.back();
+    c.algorithm = ARBITER_ALGORITHM_ONESHOT;
+    c.inputs = "registered, second allocation";
+    if (const std::optional<HostOutputs> want = execute(c, sweep_inputs())) {
+      run_and_compare(c, group_args(c, registered), *want, c.name());
+    }
+    // The workspaces free what is left when the group is destroyed.
+  }
+
   static std::string place_names(const InPlaceLayout& layout) {
     const auto where = [](Place p) {
       return p == Place::kNone    ? "none"
@@ -760,6 +979,7 @@ class GroupRunner {
 
   const FusedSuite& suite_;
   const arbiter_backend_v1_t& api_;
+  const arbiter_backend_memory_v2_t* memory_;  // NULL: the module has no registered memory
   const GroupInfo info_;
   const HostInputs& inputs_;
   const std::vector<PinnedBuffer>& staging_;  // one per rank, max_tokens x max_hidden x 4 bytes
@@ -879,7 +1099,8 @@ inline int run_fused_suite(const FusedSuite& full) {
   for (arbiter_dtype dtype : suite.dtypes) {
     const HostInputs inputs = make_inputs(dtype, ranks, suite.max_tokens, suite.max_hidden);
     for (int world_size : suite.world_sizes) {
-      GroupRunner runner(suite, api, dtype, world_size, capability, inputs, staging, watchdog);
+      GroupRunner runner(suite, api, module.memory(), dtype, world_size, capability, inputs,
+                         staging, watchdog);
       runner.run_all(group_index++);
     }
   }

@@ -151,6 +151,59 @@ class LoopbackGroup {
     return status[0];
   }
 
+  // Registered memory (ABI v2): alloc() on every rank at once (it is
+  // collective), each on its own thread. Returns rank 0's status (with its
+  // message), or ARBITER_INTERNAL when the ranks disagreed; parts[r] is
+  // rank r's part.
+  std::int32_t alloc_registered(const arbiter_backend_memory_v2_t& memory, std::uint64_t bytes,
+                                std::vector<void*>* parts, std::string* error) {
+    parts->assign(size_, nullptr);
+    std::vector<std::int32_t> status(size_, ARBITER_INTERNAL);
+    std::vector<std::string> reason(size_);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size_; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = memory.alloc(workspaces_[r], bytes, &(*parts)[r]);
+        if (status[r] != ARBITER_OK) reason[r] = api_.last_error();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < size_; ++r) {
+      if (status[r] != status[0]) {
+        if (error)
+          *error = "ranks disagreed on alloc: rank 0 " + std::to_string(status[0]) + ", rank " +
+                   std::to_string(r) + " " + std::to_string(status[r]);
+        return ARBITER_INTERNAL;
+      }
+    }
+    if (status[0] != ARBITER_OK && error) *error = reason[0];
+    return status[0];
+  }
+
+  // run() as above, through the memory companion's run_registered().
+  std::int32_t run_registered(const arbiter_backend_memory_v2_t& memory,
+                              const std::vector<arbiter_allreduce_args>& args, std::string* error,
+                              const std::vector<cudaStream_t>* streams = nullptr) {
+    std::vector<std::int32_t> status(size_);
+    std::string first;
+    for (int r = 0; r < size_; ++r) {
+      status[r] =
+          memory.run_registered(workspaces_[r], &args[r], streams ? (*streams)[r] : streams_[r]);
+      if (status[r] != ARBITER_OK && first.empty()) {
+        first = "rank " + std::to_string(r) + ": " + api_.last_error();
+      }
+    }
+    for (int r = 1; r < size_; ++r) {
+      if ((status[r] == ARBITER_OK) != (status[0] == ARBITER_OK)) {
+        hung_ = true;
+        if (error) *error = "ranks disagreed on run_registered(): " + first;
+        return ARBITER_INTERNAL;
+      }
+    }
+    if (status[0] != ARBITER_OK && error) *error = first;
+    return status[0];
+  }
+
   // Waits for every rank's stream, at most `limit` in all. false with the
   // reason on a CUDA error or when the deadline passed (a kernel that never
   // finishes: the group is then hung and left alone).

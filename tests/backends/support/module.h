@@ -25,6 +25,8 @@ class BackendModule {
     }
     api_ = static_cast<const arbiter_backend_v1_t*>(dlsym(handle_, ARBITER_BACKEND_SYMBOL_V1));
     if (api_ == nullptr) error_ = "no symbol " ARBITER_BACKEND_SYMBOL_V1;
+    memory_ = static_cast<const arbiter_backend_memory_v2_t*>(
+        dlsym(handle_, ARBITER_BACKEND_MEMORY_SYMBOL_V2));
   }
   ~BackendModule() {
     if (handle_ != nullptr) dlclose(handle_);
@@ -35,6 +37,8 @@ class BackendModule {
   bool loaded() const { return handle_ != nullptr; }
   // NULL when the module or its symbol is missing; error() says why.
   const arbiter_backend_v1_t* api() const { return api_; }
+  // The registered-memory companion (ABI v2), or NULL.
+  const arbiter_backend_memory_v2_t* memory() const { return memory_; }
   const std::string& error() const { return error_; }
   const std::string& path() const { return path_; }
 
@@ -42,6 +46,7 @@ class BackendModule {
   std::string path_;
   void* handle_ = nullptr;
   const arbiter_backend_v1_t* api_ = nullptr;
+  const arbiter_backend_memory_v2_t* memory_ = nullptr;
   std::string error_;
 };
 

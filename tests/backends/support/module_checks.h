@@ -92,7 +92,10 @@ inline void check_exports_abi_v1(const std::string& name) {
 // (arbiter_backend_v1 and its faults companion, arbiter_backend_v1_faults,
 // whose build string is set and whose abort() exists): the module's CUDA
 // runtime, kernels and helpers stay private.
-inline void check_exports_only_the_v1_entry(const std::string& name) {
+// With `registered_memory`, the module also exports the ABI v2 memory
+// companion, which refuses NULL arguments with a message.
+inline void check_exports_only_the_v1_entry(const std::string& name,
+                                            bool registered_memory = false) {
   const std::string path = module_path(name);
   const auto result = run_command("nm -D --defined-only " + shell_quote(path));
   BOOST_REQUIRE_MESSAGE(result.exit_code == 0, "nm failed: " << result.output);
@@ -107,8 +110,10 @@ inline void check_exports_only_the_v1_entry(const std::string& name) {
     line.clear();
   }
   BOOST_TEST_INFO("nm -D --defined-only:\n" << result.output);
-  BOOST_TEST((symbols == std::vector<std::string>{"arbiter_backend_v1", "arbiter_backend_v1_faults",
-                                                  "arbiter_backend_v1_footprint"}));
+  std::vector<std::string> want{"arbiter_backend_v1", "arbiter_backend_v1_faults",
+                                "arbiter_backend_v1_footprint"};
+  if (registered_memory) want.push_back(ARBITER_BACKEND_MEMORY_SYMBOL_V2);
+  BOOST_TEST(symbols == want);
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   BOOST_REQUIRE(handle != nullptr);
   const auto* faults = static_cast<const arbiter_backend_faults_v1_t*>(
@@ -117,6 +122,23 @@ inline void check_exports_only_the_v1_entry(const std::string& name) {
   BOOST_TEST(faults->faults_version == 1u);
   BOOST_TEST((faults->module_version != nullptr && *faults->module_version != '\0'));
   BOOST_TEST(faults->abort != nullptr);
+  const auto* memory = static_cast<const arbiter_backend_memory_v2_t*>(
+      dlsym(handle, ARBITER_BACKEND_MEMORY_SYMBOL_V2));
+  BOOST_TEST((memory != nullptr) == registered_memory);
+  if (memory != nullptr) {
+    BOOST_TEST(memory->memory_version == 2u);
+    BOOST_TEST(memory->alignment >= 16u);
+    BOOST_TEST((memory->alignment & (memory->alignment - 1)) == 0u);
+    const auto* api =
+        static_cast<const arbiter_backend_v1_t*>(dlsym(handle, ARBITER_BACKEND_SYMBOL_V1));
+    BOOST_REQUIRE(api != nullptr);
+    void* local = reinterpret_cast<void*>(16);
+    BOOST_TEST(memory->alloc(nullptr, 64, &local) == ARBITER_INVALID_ARGUMENT);
+    BOOST_TEST(std::strlen(api->last_error()) > 0u);
+    BOOST_TEST(memory->free(nullptr, local) == ARBITER_INVALID_ARGUMENT);
+    arbiter_allreduce_args args{};
+    BOOST_TEST(memory->run_registered(nullptr, &args, nullptr) == ARBITER_INVALID_ARGUMENT);
+  }
   dlclose(handle);
 }
 

@@ -1,5 +1,6 @@
 // The trtllm module loads and answers anywhere, a machine without a GPU
-// driver included: it exports only its v1 entry, never pulls in libcuda or a
+// driver included: it exports only its ABI entries (v1, its companions and the
+// v2 registered-memory one), never pulls in libcuda or a
 // shared libcudart, and reports why it cannot run instead of failing to load
 // or hanging its peers. The checks are shared with the other GPU modules
 // (support/module_checks.h).
@@ -18,7 +19,7 @@ BOOST_AUTO_TEST_CASE(loads_with_dlopen_without_libcuda_or_a_shared_cudart) {
 BOOST_AUTO_TEST_CASE(exports_abi_v1_named_trtllm) { test::check_exports_abi_v1("trtllm"); }
 
 BOOST_AUTO_TEST_CASE(exports_no_symbol_but_the_abi_entries) {
-  test::check_exports_only_the_v1_entry("trtllm");
+  test::check_exports_only_the_v1_entry("trtllm", /*registered_memory=*/true);
 }
 
 BOOST_AUTO_TEST_CASE(probe_says_why_it_cannot_run) {

@@ -434,6 +434,37 @@ int main(int argc, char** argv) try {
     r = comm.allreduce_fusion(a, nullptr);
     expect(r.status == ARBITER_OK, "a call after free: " + r.error);
 
+    // The check mode compares where each rank's input lies, so that a GPU
+    // module, which reads the peers' inputs at this rank's offset and checks
+    // nothing on the host, never runs such a call: another offset on rank 1,
+    // then ordinary memory on rank 1, are refused on every rank (by the
+    // check mode, before shm's own check), and a matching call then runs.
+    arbiter::CommunicatorOptions checked_options = cpu_options(512, 1024, bf16);
+    checked_options.check_calls = true;
+    arbiter::Communicator checked(*boot.oob(), policy, registry, checked_options);
+    void* checked_area = nullptr;
+    r = checked.alloc_registered(8192, &checked_area);
+    expect(r.status == ARBITER_OK, "alloc_registered (checked): " + r.error);
+    std::memcpy(checked_area, plain.data(), 8192);
+    auto* checked_input = static_cast<std::uint16_t*>(checked_area);
+    a.tokens = 1;
+    a.input = checked_input + (boot.rank() == 1 ? 1024 : 0);
+    r = checked.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_MISMATCH &&
+               r.error.find("check mode: call 0 differs across ranks in where the input lies "
+                            "(rank 0: registered allocation 0 at offset 0, rank 1: registered "
+                            "allocation 0 at offset 2048)") != std::string::npos,
+           "another offset on rank 1: status " + std::to_string(r.status) + ": " + r.error);
+    a.input = boot.rank() == 1 ? static_cast<const void*>(plain.data()) : checked_input;
+    r = checked.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_MISMATCH &&
+               r.error.find("rank 1: ordinary memory") != std::string::npos,
+           "ordinary memory on rank 1: status " + std::to_string(r.status) + ": " + r.error);
+    a.input = checked_input;
+    a.allreduce_out = out_b.data();
+    r = checked.allreduce_fusion(a, nullptr);
+    expect(r.status == ARBITER_OK, "a matching registered call in check mode: " + r.error);
+
     // Tables keyed `buffers: registered` see where the input lies: one-shot
     // cell of 2 KiB for registered calls, so a 4 KiB registered call runs
     // two-shot while the same call on ordinary memory keeps the threshold

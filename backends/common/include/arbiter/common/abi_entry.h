@@ -140,6 +140,42 @@ struct BackendEntries {
     return arbiter_backend_footprint_v1_t{1, 0, &footprint};
   }
 
+  // The registered-memory companion (ABI v2, arbiter_backend_memory_v2_t),
+  // for an Impl that also provides
+  //   std::uint64_t kRegisteredAlignment;
+  //   Status alloc_registered(arbiter_workspace&, std::uint64_t bytes, void** local);
+  //   Status free_registered(arbiter_workspace&, void* local);
+  //   Status run_registered(arbiter_workspace&, const arbiter_allreduce_args*, void* stream);
+  static std::int32_t alloc_registered(arbiter_workspace* ws, std::uint64_t bytes, void** local) {
+    return guarded(error(), Impl::kName, [&] {
+      if (ws == nullptr || local == nullptr) {
+        return fail(
+            Status(ARBITER_INVALID_ARGUMENT, "alloc: workspace and local must not be NULL"));
+      }
+      *local = nullptr;
+      return fail(Impl::alloc_registered(*ws, bytes, local));
+    });
+  }
+  static std::int32_t free_registered(arbiter_workspace* ws, void* local) {
+    return guarded(error(), Impl::kName, [&] {
+      if (ws == nullptr || local == nullptr) {
+        return fail(Status(ARBITER_INVALID_ARGUMENT, "free: workspace and local must not be NULL"));
+      }
+      return fail(Impl::free_registered(*ws, local));
+    });
+  }
+  static std::int32_t run_registered(arbiter_workspace* ws, const arbiter_allreduce_args* args,
+                                     void* stream) {
+    return guarded(error(), Impl::kName, [&] {
+      if (ws == nullptr) return fail(Status(ARBITER_INVALID_ARGUMENT, "workspace is NULL"));
+      return fail(Impl::run_registered(*ws, args, stream));
+    });
+  }
+  static constexpr arbiter_backend_memory_v2_t memory_table() {
+    return arbiter_backend_memory_v2_t{
+        2, 0, Impl::kRegisteredAlignment, &alloc_registered, &free_registered, &run_registered};
+  }
+
   static constexpr arbiter_backend_v1_t table() {
     return arbiter_backend_v1_t{ARBITER_BACKEND_ABI_VERSION, Impl::kName, &probe,   &create,
                                 &max_message_bytes,          &run,        &destroy, &last_error};

@@ -34,9 +34,11 @@ using common::algorithm_name;
 using common::kMinNvfp4Capability;
 
 // REQUIRES: layout came from make_workspace_layout. `capability` is the
-// device's major * 10 + minor (90 for H100/H200, 100 for B200).
+// device's major * 10 + minor (90 for H100/H200, 100 for B200). A
+// `registered` call has no per-call capacity: one-shot reads the inputs in
+// place, and run_registered slices a two-shot call itself.
 inline Status check_call(const WorkspaceLayout& layout, const arbiter_allreduce_args* args,
-                         std::uint32_t capability) {
+                         std::uint32_t capability, bool registered = false) {
   const auto n = [](auto v) { return std::to_string(v); };
   if (args == nullptr) return Status(ARBITER_INVALID_ARGUMENT, "trtllm: args is NULL");
   const arbiter_allreduce_args& a = *args;
@@ -58,7 +60,7 @@ inline Status check_call(const WorkspaceLayout& layout, const arbiter_allreduce_
   const std::uint64_t message_bytes =
       std::uint64_t{a.tokens} * a.hidden * common::dtype_size(a.dtype);  // < 2^50: hidden <= 2^16
   const std::uint64_t capacity = per_call_capacity(layout, a.algorithm);
-  if (message_bytes > capacity) {
+  if (!registered && message_bytes > capacity) {
     return Status(ARBITER_UNSUPPORTED, std::string("trtllm: a message of ") + n(message_bytes) +
                                            " bytes (" + n(a.tokens) + " tokens x " + n(a.hidden) +
                                            " x " + n(common::dtype_size(a.dtype)) +

@@ -4,6 +4,7 @@
 //   [barrier flags: kMaxGridBlocks x world_size uint64 epochs, padded to 128 B]
 //   [one-shot: 3 Lamport stages x world_size slots of slot_bytes]
 //   [two-shot scratch: input area (slot_bytes), then sum area (slot_bytes)]
+//   [registered barrier flags: kMaxGridBlocks x world_size x 16 B {epoch, key}]
 //
 // Every region and every slot starts on a 128-byte boundary, so 16-byte vector
 // stores never straddle a cache line. slot_bytes is the per-rank message
@@ -31,6 +32,14 @@
 // word reaches its epoch: a peer ahead passes, a word left over from an
 // earlier call with a larger grid is below the epoch and never looks like an
 // arrival, and 64 bits never wrap. So grids may differ between calls.
+//
+// Registered calls (registered.h: the input read in place from every rank's
+// registered memory) have barrier flags of their own, 16 bytes per word:
+// the epoch as above (ControlBlock::registered_epoch) and the call's key
+// (which allocation, at which offset), written before the epoch. A copied
+// call on one rank and a registered call on another therefore never pair
+// (each waits for flags the other does not write, until the kernel's
+// deadline), and a rank whose key differs is caught at the first barrier.
 //
 // All offsets are 64-bit: a stage can exceed 4 GiB at world size 16.
 #pragma once
@@ -66,10 +75,11 @@ ARBITER_HD constexpr bool is_supported_world_size(std::int64_t world_size) {
 // kernel's last arriving CTA (arrivals == grid blocks) advances it and resets
 // `arrivals`, which is why the grid never exceeds one wave.
 struct ControlBlock {
-  std::uint32_t stage;          // Lamport stage the next one-shot call uses (0..2)
-  std::uint32_t arrivals;       // CTAs of the current call that are done
-  std::uint64_t clear_bytes;    // per slot: message bytes of the last one-shot call
-  std::uint64_t barrier_epoch;  // epoch of the last two-shot barrier
+  std::uint32_t stage;             // Lamport stage the next one-shot call uses (0..2)
+  std::uint32_t arrivals;          // CTAs of the current call that are done
+  std::uint64_t clear_bytes;       // per slot: message bytes of the last one-shot call
+  std::uint64_t barrier_epoch;     // epoch of the last two-shot barrier
+  std::uint64_t registered_epoch;  // epoch of the last registered call's barrier
 };
 static_assert(sizeof(ControlBlock) <= kSlotAlignment);
 
@@ -87,7 +97,9 @@ struct WorkspaceLayout {
   std::uint64_t oneshot_bytes = 0;  // 3 x stage_bytes
   std::uint64_t twoshot_offset = 0;
   std::uint64_t twoshot_bytes = 0;  // 2 x slot_bytes
-  std::uint64_t total_bytes = 0;    // sum of the regions (all 128-byte multiples)
+  std::uint64_t registered_flags_offset = 0;
+  std::uint64_t registered_flags_bytes = 0;
+  std::uint64_t total_bytes = 0;  // sum of the regions (all 128-byte multiples)
 
   ARBITER_HD constexpr std::uint64_t stage_offset(std::uint32_t stage) const {
     return oneshot_offset + stage * stage_bytes;
@@ -98,6 +110,11 @@ struct WorkspaceLayout {
   }
   ARBITER_HD constexpr std::uint64_t flag_offset(std::uint32_t block, std::uint32_t peer) const {
     return flags_offset + (std::uint64_t{block} * world_size + peer) * sizeof(std::uint64_t);
+  }
+  // The {epoch, key} word of a registered call's barrier (16 bytes).
+  ARBITER_HD constexpr std::uint64_t registered_flag_offset(std::uint32_t block,
+                                                            std::uint32_t peer) const {
+    return registered_flags_offset + (std::uint64_t{block} * world_size + peer) * 16;
   }
   ARBITER_HD constexpr std::uint64_t twoshot_input_offset() const { return twoshot_offset; }
   ARBITER_HD constexpr std::uint64_t twoshot_sum_offset() const {
@@ -157,7 +174,12 @@ ARBITER_HD constexpr LayoutError compute_workspace_layout(
       !checked_mul(common::kLamportStages, layout.stage_bytes, &layout.oneshot_bytes) ||
       !checked_add(layout.oneshot_offset, layout.oneshot_bytes, &layout.twoshot_offset) ||
       !checked_mul(2, layout.slot_bytes, &layout.twoshot_bytes) ||
-      !checked_add(layout.twoshot_offset, layout.twoshot_bytes, &layout.total_bytes)) {
+      !checked_add(layout.twoshot_offset, layout.twoshot_bytes, &layout.registered_flags_offset)) {
+    return LayoutError::kOverflow;
+  }
+  layout.registered_flags_bytes = detail::round_up(kMaxGridBlocks * ranks * 16, kSlotAlignment);
+  if (!checked_add(layout.registered_flags_offset, layout.registered_flags_bytes,
+                   &layout.total_bytes)) {
     return LayoutError::kOverflow;
   }
   *out = layout;

@@ -1,0 +1,227 @@
+// Collective allocation of trtllm registered memory: every rank allocates
+// its part and all-gathers a record (status, size, pointer, IPC handle, the
+// allocations it has freed); every rank maps the others' parts and a second
+// all-gather agrees that all did. As workspace creation does (workspace.cpp),
+// with less to agree on.
+#include "registered.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "arbiter/common/collective.h"
+#include "arbiter/common/cuda_host.h"
+
+namespace arbiter::trtllm {
+namespace {
+
+using common::cuda_message;
+using common::Status;
+
+constexpr std::size_t kReasonBytes = 240;
+// Freed allocations one record reports; more wait for the next alloc().
+constexpr std::size_t kReportedFrees = 16;
+constexpr std::uint64_t kMaxPartBytes = std::uint64_t{1} << 40;  // key() keeps offsets in 40 bits
+
+struct AllocHello {
+  std::int32_t status;
+  std::uint32_t ipc_ok;  // cudaIpcGetMemHandle succeeded
+  std::uint64_t bytes;
+  std::uint64_t base;
+  cudaIpcMemHandle_t handle;
+  std::uint32_t freed_count;
+  std::uint64_t freed[kReportedFrees];
+  char reason[kReasonBytes];
+};
+
+struct Outcome {
+  std::int32_t status;
+  char reason[kReasonBytes];
+};
+
+void close_mappings(RegisteredAllocation& a) {
+  for (std::uint32_t q = 0; q < kMaxRanks; ++q) {
+    if (a.ipc_opened[q]) cudaIpcCloseMemHandle(a.parts[q]);
+    a.ipc_opened[q] = false;
+    if (a.parts[q] != a.local) a.parts[q] = nullptr;
+  }
+  cudaGetLastError();
+}
+
+// Maps rank q's part of the allocation `hello` describes into `a`.
+Status map_part(const RegisteredGroup& group, const AllocHello& hello, std::uint32_t q,
+                RegisteredAllocation& a) {
+  if (group.same_process[q]) {
+    a.parts[q] = reinterpret_cast<char*>(static_cast<std::uintptr_t>(hello.base));
+    return Status();
+  }
+  if (!hello.ipc_ok) {
+    return Status(ARBITER_UNAVAILABLE, "trtllm alloc: rank " + std::to_string(q) +
+                                           " could not export its part (cudaIpcGetMemHandle "
+                                           "failed there)");
+  }
+  void* mapped = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&mapped, hello.handle, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(ARBITER_UNAVAILABLE,
+                  cuda_message("trtllm alloc: mapping rank " + std::to_string(q) +
+                                   "'s part (cudaIpcOpenMemHandle)",
+                               e));
+  }
+  a.parts[q] = static_cast<char*>(mapped);
+  a.ipc_opened[q] = true;
+  return Status();
+}
+
+}  // namespace
+
+Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t bytes, void** local) {
+  *local = nullptr;
+  const common::FusedRank& me = *group.rank;
+  const arbiter_oob& oob = me.oob;
+  AllocHello mine{};
+  mine.bytes = bytes;
+  for (const RegisteredAllocation& a : allocations_) {
+    if (a.freed && mine.freed_count < kReportedFrees) mine.freed[mine.freed_count++] = a.serial;
+  }
+  // Checked alike on every rank (same bytes), so all refuse together.
+  Status status;
+  if (bytes == 0 || bytes > kMaxPartBytes) {
+    status = Status(ARBITER_INVALID_ARGUMENT, "trtllm alloc: " + std::to_string(bytes) +
+                                                  " bytes per rank; ask for 1 byte to 1 TiB");
+  }
+  common::DeviceScope scope;
+  if (status.ok()) status = common::use_device(scope, me.device);
+  void* base = nullptr;
+  if (status.ok()) {
+    if (cudaError_t e = cudaMalloc(&base, bytes); e != cudaSuccess) {
+      cudaGetLastError();
+      base = nullptr;
+      status = Status(ARBITER_UNAVAILABLE,
+                      cuda_message("trtllm alloc: cudaMalloc(" + std::to_string(bytes) +
+                                       " bytes of registered memory); allocate less",
+                                   e));
+    }
+  }
+  if (base != nullptr) {
+    mine.base = reinterpret_cast<std::uintptr_t>(base);
+    mine.ipc_ok = cudaIpcGetMemHandle(&mine.handle, base) == cudaSuccess ? 1 : 0;
+    cudaGetLastError();
+  }
+  std::vector<AllocHello> all;
+  Status s = common::gather_records(oob, mine, status, me.timeout_ms, &all);
+  if (all.size() == me.world_size) reclaim(all);
+  for (std::size_t q = 1; q < all.size() && s.ok(); ++q) {
+    if (all[q].bytes != all[0].bytes) {
+      s = Status(ARBITER_MISMATCH, "trtllm alloc: rank " + std::to_string(q) + " asked for " +
+                                       std::to_string(all[q].bytes) + " bytes, rank 0 for " +
+                                       std::to_string(all[0].bytes) +
+                                       " (every rank must allocate the same size)");
+    }
+  }
+  if (!s.ok()) {
+    if (base != nullptr) cudaFree(base);
+    cudaGetLastError();
+    return s;
+  }
+
+  RegisteredAllocation a;
+  a.bytes = bytes;
+  a.local = static_cast<char*>(base);
+  Status mapped;
+  for (std::uint32_t q = 0; q < me.world_size && mapped.ok(); ++q) {
+    if (q == me.rank) {
+      a.parts[q] = a.local;
+    } else {
+      mapped = map_part(group, all[q], q, a);
+    }
+  }
+  Outcome outcome{};
+  outcome.status = mapped.code();
+  common::put_reason(outcome, mapped.message());
+  std::vector<Outcome> outcomes(me.world_size);
+  std::int32_t rc =
+      oob.allgather(oob.ctx, &outcome, outcomes.data(), sizeof(Outcome), me.timeout_ms);
+  s = rc == ARBITER_OK ? common::verdict(outcomes, oob.rank)
+                       : common::exchange_failed(oob, "allgather", rc);
+  if (!s.ok()) {
+    // A peer may have mapped this rank's part already: wait for everyone to
+    // unmap before freeing it.
+    close_mappings(a);
+    if (rc == ARBITER_OK) oob.barrier(oob.ctx, me.timeout_ms);
+    cudaFree(base);
+    cudaGetLastError();
+    return s;
+  }
+  a.serial = made_++;
+  allocations_.push_back(a);
+  *local = base;
+  return Status();
+}
+
+template <typename Hello>
+void RegisteredMemory::reclaim(const std::vector<Hello>& all) {
+  const auto freed_everywhere = [&](std::uint64_t serial) {
+    return std::all_of(all.begin(), all.end(), [&](const Hello& h) {
+      const std::uint32_t n = std::min<std::uint32_t>(h.freed_count, kReportedFrees);
+      return std::find(h.freed, h.freed + n, serial) != h.freed + n;
+    });
+  };
+  for (auto it = allocations_.begin(); it != allocations_.end();) {
+    if (it->freed && freed_everywhere(it->serial)) {
+      cudaFree(it->local);
+      cudaGetLastError();
+      it = allocations_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status RegisteredMemory::release(void* local) {
+  const auto at =
+      std::find_if(allocations_.begin(), allocations_.end(), [&](const RegisteredAllocation& a) {
+        return !a.freed && a.local == static_cast<char*>(local);
+      });
+  if (at == allocations_.end()) {
+    return Status(ARBITER_INVALID_ARGUMENT,
+                  "trtllm free: the pointer is not the start of an allocation of this workspace "
+                  "(freed twice, a view into one, or another communicator's)");
+  }
+  close_mappings(*at);
+  at->freed = true;
+  return Status();
+}
+
+const RegisteredAllocation* RegisteredMemory::find(const void* pointer, std::uint64_t bytes,
+                                                   std::string& why) const {
+  const auto* p = static_cast<const char*>(pointer);
+  for (const RegisteredAllocation& a : allocations_) {
+    if (a.freed || p < a.local || p >= a.local + a.bytes) continue;
+    const auto offset = static_cast<std::uint64_t>(p - a.local);
+    if (bytes > a.bytes - offset) {
+      why = "the registered input (" + std::to_string(bytes) + " bytes at offset " +
+            std::to_string(offset) + ") crosses the end of its allocation of " +
+            std::to_string(a.bytes) + " bytes; pass a view that lies inside it";
+      return nullptr;
+    }
+    return &a;
+  }
+  why =
+      "the input is not in memory registered with this workspace (allocate it with this "
+      "communicator's empty()/alloc, or make an unregistered call)";
+  return nullptr;
+}
+
+void RegisteredMemory::close_peer_mappings() {
+  for (RegisteredAllocation& a : allocations_) close_mappings(a);
+}
+
+void RegisteredMemory::free_own() {
+  for (RegisteredAllocation& a : allocations_) cudaFree(a.local);
+  cudaGetLastError();
+  allocations_.clear();
+}
+
+}  // namespace arbiter::trtllm
