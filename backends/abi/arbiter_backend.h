@@ -281,8 +281,12 @@ typedef struct arbiter_backend_faults_v1_t {
  *    Every rank of a call must take the same path: if one rank calls run()
  *    and another run_registered(), or their offsets or allocations differ,
  *    the call is refused on every rank with ARBITER_MISMATCH, before any
- *    output is written. An input not wholly inside one allocation of this
- *    workspace is ARBITER_INVALID_ARGUMENT, nothing written.
+ *    output is written. (A GPU module, whose run_registered only enqueues,
+ *    cannot see its peers' calls: it checks in its kernels instead and
+ *    stops them, a CUDA error, where the ranks' allocations or offsets
+ *    differ; the host's check mode refuses such calls before launch.) An
+ *    input not wholly inside one allocation of this workspace is
+ *    ARBITER_INVALID_ARGUMENT, nothing written.
  *  - On return from run_registered every peer has finished reading this
  *    rank's input: the caller may overwrite it at once (the module adds the
  *    synchronisation that needs, e.g. one barrier at the end of one-shot).

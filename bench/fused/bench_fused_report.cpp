@@ -77,7 +77,7 @@ void Report::columns() {
   std::fprintf(csv_,
                "capability,world_size,nodes,dtype,hidden,num_tokens,bytes,pattern,backend,"
                "algorithm,fused,latency_us,p10_us,p90_us,trials,device,iterations,timing,"
-               "check\n");
+               "check,buffers\n");
   std::fflush(csv_);
 }
 
@@ -87,14 +87,14 @@ void Report::note(const std::string& text) {
 }
 
 void Report::row(const Point& p, const std::string& backend, const std::string& algorithm,
-                 bool fused, const Timing& t, const std::string& check) {
+                 bool fused, const Timing& t, const std::string& check, const char* buffers) {
   std::fprintf(
       csv_,
-      "%u,%d,1,bf16,%u,%u,%" PRIu64 ",residual_rmsnorm,%s,%s,%d,%.3f,%.3f,%.3f,%zu,%s,%d,%s,%s\n",
+      "%u,%d,1,bf16,%u,%u,%" PRIu64 ",residual_rmsnorm,%s,%s,%d,%.3f,%.3f,%.3f,%zu,%s,%d,%s,%s,%s\n",
       device_.capability, p.ws, p.hidden, p.tokens, p.bytes, backend.c_str(), algorithm.c_str(),
       fused ? 1 : 0, percentile(t.per_call_us, 0.5), percentile(t.per_call_us, 0.1),
       percentile(t.per_call_us, 0.9), t.per_call_us.size(), csv_field(device_.name).c_str(),
-      t.iterations, t.graphs ? "graph" : "launch", check.c_str());
+      t.iterations, t.graphs ? "graph" : "launch", check.c_str(), buffers);
   std::fflush(csv_);
 }
 

@@ -36,8 +36,10 @@ class Report {
   // A "# ..." line in the CSV and the same text on stderr.
   void note(const std::string& text);
   // One measurement row.
+  // `buffers`: "copied", or "registered" (the input read in place from the
+  // module's registered memory).
   void row(const Point& p, const std::string& backend, const std::string& algorithm, bool fused,
-           const Timing& t, const std::string& check);
+           const Timing& t, const std::string& check, const char* buffers = "copied");
   // The copy reference: a comment line that `arbiter tune` skips, "# copy,
   // ws,hidden,tokens,bytes,memcpy d2d,median_us,p10_us,p90_us".
   void copy_reference(const Point& p, const Timing& t);

@@ -317,10 +317,12 @@ bool Bench::admits(const Group& g, arbiter_algorithm algorithm, const Point& p,
 
 void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm algorithm,
                       const std::string& where, bool registered) {
-  const std::string backend = g.module->name + (registered ? "-reg" : "");
+  const std::string& backend = g.module->name;
+  // The summary's column: "<backend>-reg" for the registered rows.
+  const std::string column = backend + (registered ? "-reg" : "");
   const arbiter_backend_memory_v2_t* memory = g.module->module->memory();
   const char* name = algorithm_key(algorithm);
-  const std::string what = where + " " + backend + " " + name;
+  const std::string what = where + " " + column + " " + name;
   const arbiter_backend_v1_t& api = *g.module->module->api();
   test::LoopbackGroup& group = *g.group;
   std::vector<arbiter_allreduce_args> args(p.ws);
@@ -374,8 +376,8 @@ void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm 
       report_.note(what + ": timed plain launches, graph capture failed" +
                    (run_error.empty() ? std::string() : " (" + run_error + ")"));
     }
-    p.median_us[option_key(backend, name)] = percentile(t.per_call_us, 0.5);
-    report_.row(p, backend, name, true, t, result);
+    p.median_us[option_key(column, name)] = percentile(t.per_call_us, 0.5);
+    report_.row(p, backend, name, true, t, result, registered ? "registered" : "copied");
   } catch (const Failure& e) {
     fail(what + ": " + e.what() + (run_error.empty() ? std::string() : " (" + run_error + ")"));
     throw;

@@ -91,7 +91,9 @@ class _RegisteredCuda(_Registered):
     __slots__ = ("__cuda_array_interface__",)
 
     def __init__(self, comm: "Communicator", address: int, nbytes: int) -> None:
-        super().__init__(comm, address, (nbytes,), "|u1")
+        # No __array_interface__: nothing may read device memory as host memory.
+        self._comm = comm
+        self._address = address
         # Version 2: no "stream" entry, so torch synchronises nothing; the
         # allocation is complete when alloc returns.
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",

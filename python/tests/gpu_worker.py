@@ -73,7 +73,7 @@ def main(folder: str, bootstrap: str) -> int:
         ok = all(torch.equal(got[name], out[name]) for name in out)
         d = r.decision
         print(f"rank {rank}: registered{' in place' if in_place else ''}: {d.backend} "
-              f"{d.algorithm}: {'ok' if ok else 'WRONG'}", flush=True)
+              f"{'fused' if d.fused else 'unfused'}: {'ok' if ok else 'WRONG'}", flush=True)
         failures += not ok
     del registered, got
     comm.close()

@@ -257,8 +257,8 @@ def test_two_ranks_share_one_gpu_through_the_test_mode(tmp_path, bootstrap):
         assert f"rank {rank}: OK" in log, log
     assert "trtllm oneshot fused" in log, log
     for rank in (0, 1):
-        assert f"rank {rank}: registered: trtllm oneshot: ok" in log, log
-        assert f"rank {rank}: registered in place: trtllm oneshot: ok" in log, log
+        assert f"rank {rank}: registered: trtllm fused: ok" in log, log
+        assert f"rank {rank}: registered in place: trtllm fused: ok" in log, log
     # Bit for bit the same on both ranks.
     for name in sorted(os.listdir(tmp_path)):
         if name.startswith("rank0-"):

@@ -693,12 +693,14 @@ bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uin
     if (difference.empty() &&
         (all[r].allocation != all[0].allocation || all[r].offset != all[0].offset)) {
       const auto where = [](const Record& rec) {
-        return rec.allocation == 0 ? std::string("ordinary memory")
-                                   : "registered allocation " + std::to_string(rec.allocation - 1) +
+        return rec.allocation == 0 ? std::string("unregistered memory")
+                                   : "registered allocation #" + std::to_string(rec.allocation - 1) +
                                          " at offset " + std::to_string(rec.offset);
       };
-      difference = "where the input lies (rank 0: " + where(all[0]) + ", rank " +
-                   std::to_string(r) + ": " + where(all[r]) + ")";
+      difference = "the input's memory: rank " + std::to_string(r) + " has " + where(all[r]) +
+                   ", rank 0 has " + where(all[0]) +
+                   " (every rank passes the same registered allocation at the same offset, or "
+                   "none does)";
     }
     if (!difference.empty()) {
       result.status = ARBITER_MISMATCH;

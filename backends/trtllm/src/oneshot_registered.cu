@@ -15,7 +15,8 @@
 // When an output is this rank's input (in place), a rank must not write a
 // token's outputs before every peer has read that token: the tokens then go
 // in rounds of one per cluster, with a barrier between the sums and the
-// epilogue of each round (instead of the one at the end).
+// epilogue of each round (epochs +2 .. +1 + rounds) instead of the one at
+// the end (epoch +1 + rounds).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -86,7 +87,12 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
     if constexpr (kInPlace) registered_barrier(p, epoch + 2 + round, false);
     if (t < p.tokens) apply_epilogue<kDtype, kEpilogue>(p.epilogue, t, lane, sum, smem);
   }
-  const std::uint64_t last = kInPlace ? epoch + 1 + rounds : epoch + 2;
+  // Both variants end at the same epoch, so ranks may differ in whether
+  // they write in place: a rank's single end barrier (after all its reads)
+  // stores what satisfies every round barrier of an in-place peer, and
+  // waits until that peer has arrived at its last round (after all its
+  // reads).
+  const std::uint64_t last = epoch + 1 + rounds;
   if constexpr (!kInPlace) registered_barrier(p, last, false);
 
   arrive(p.control, [&](ControlBlock& control) { control.registered_epoch = last; });

@@ -111,7 +111,7 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   }
   std::vector<AllocHello> all;
   Status s = common::gather_records(oob, mine, status, me.timeout_ms, &all);
-  if (all.size() == me.world_size) reclaim(all);
+  if (s.ok()) reclaim(all);  // every rank's record arrived
   for (std::size_t q = 1; q < all.size() && s.ok(); ++q) {
     if (all[q].bytes != all[0].bytes) {
       s = Status(ARBITER_MISMATCH, "trtllm alloc: rank " + std::to_string(q) + " asked for " +

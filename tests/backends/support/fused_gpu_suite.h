@@ -200,7 +200,10 @@ class GroupRunner {
     salted();
     in_place();
     oversized();
-    if (memory_ != nullptr) registered_calls();
+    if (memory_ != nullptr) {
+      registered_calls();
+      registered_above_capacity();
+    }
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf(
@@ -863,6 +866,11 @@ class GroupRunner {
       std::vector<arbiter_allreduce_args> args = group_args(c, registered);
       for (arbiter_allreduce_args& a : args) a.norm_out = const_cast<void*>(a.input);
       run_and_compare(c, args, *want, c.name() + " registered in place");
+      // Only rank 0 in place: the ranks take different barrier paths
+      // (oneshot_registered.cu) and must still meet.
+      args = group_args(c, registered);
+      args[0].norm_out = const_cast<void*>(args[0].input);
+      run_and_compare(c, args, *want, c.name() + " registered, rank 0 alone in place");
     }
     // The input is overwritten on each rank's stream right after its call.
     {
@@ -963,6 +971,73 @@ class GroupRunner {
       run_and_compare(c, group_args(c, registered), *want, c.name());
     }
     // The workspaces free what is left when the group is destroyed.
+  }
+
+  // A registered call larger than the workspace's per-call capacity: a
+  // second group whose workspace holds a third of the call runs it whole
+  // (one-shot reads in place) or in slices (two-shot), with the bits of the
+  // copied call on the main group.
+  void registered_above_capacity() {
+    Call c = base_call();
+    c.variant = kResidualRmsnorm;
+    c.tokens = 128;
+    c.hidden = suite_.hiddens.front();
+    c.allreduce_out = true;
+    c.residual_out = true;
+    c.inputs = "registered, 3x the workspace's capacity";
+    const std::string name = suite_.backend + " registered above capacity, ws " +
+                             std::to_string(world_size()) + " " + dtype_name(dtype());
+    arbiter_workspace_spec spec{};
+    spec.world_size = world_size();
+    spec.device = 0;
+    spec.nodes = 1;
+    spec.max_tokens = c.tokens / 3;
+    spec.hidden = c.hidden;
+    spec.dtype = dtype();
+    spec.pattern_mask = 0xFu;
+    spec.max_message_bytes = std::uint64_t{spec.max_tokens} * c.hidden * info_.element_size();
+    spec.timeout_ms = 60000;
+    watchdog_.arm(name + ": workspace_create", seconds(180));
+    LoopbackGroup small(api_, spec);
+    watchdog_.disarm();
+    if (!ARBITER_CHECK(small.ok(), name, "workspace_create: " << small.error())) return;
+    std::vector<void*> parts;
+    std::string error;
+    watchdog_.arm(name + ": alloc", seconds(120));
+    const std::int32_t status = small.alloc_registered(*memory_, c.bytes(), &parts, &error);
+    watchdog_.disarm();
+    if (!ARBITER_CHECK(status == ARBITER_OK, name, "alloc: " << status << ": " << error)) return;
+    for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
+      c.algorithm = algorithm;
+      const std::optional<HostOutputs> want = execute(c, sweep_inputs());
+      if (!want) continue;
+      DeviceInputs in = sweep_inputs();
+      for (int r = 0; r < world_size(); ++r) in.inputs[r] = parts[r];
+      const std::vector<arbiter_allreduce_args> args = group_args(c, in);
+      const std::string context = c.name() + " on " + name;
+      cudaError_t e = cudaSuccess;
+      for (int r = 0; r < world_size() && e == cudaSuccess; ++r) {
+        e = clear_outputs(args[r], c, small.stream(r));
+        if (e == cudaSuccess) {
+          e = cudaMemcpyAsync(parts[r], ranks_[r].input.get(), c.bytes(), cudaMemcpyDeviceToDevice,
+                              small.stream(r));
+        }
+      }
+      if (!ARBITER_CHECK(e == cudaSuccess, context, cudaGetErrorString(e))) return;
+      watchdog_.arm(context, seconds(120));
+      const std::int32_t rc = small.run_registered(*memory_, args, &error);
+      ++stats_.calls;
+      if (small.hung()) fail_and_exit(context, error + " (kernels left waiting for their peers)");
+      ARBITER_CHECK(rc == ARBITER_OK, context, "run_registered: " << rc << ": " << error);
+      if (rc == ARBITER_OK && !small.wait(kCallLimit, &error)) fail_and_exit(context, error);
+      watchdog_.disarm();
+      if (rc != ARBITER_OK) continue;
+      ++stats_.ran;
+      parallel_for(static_cast<std::size_t>(world_size()), [&](std::size_t r) {
+        compare_device_outputs(args[r], c, *want, staging(static_cast<int>(r)),
+                               context + ", rank " + std::to_string(r) + " vs the copied call");
+      });
+    }
   }
 
   static std::string place_names(const InPlaceLayout& layout) {

@@ -451,14 +451,14 @@ int main(int argc, char** argv) try {
     a.input = checked_input + (boot.rank() == 1 ? 1024 : 0);
     r = checked.allreduce_fusion(a, nullptr);
     expect(r.status == ARBITER_MISMATCH &&
-               r.error.find("check mode: call 0 differs across ranks in where the input lies "
-                            "(rank 0: registered allocation 0 at offset 0, rank 1: registered "
-                            "allocation 0 at offset 2048)") != std::string::npos,
+               r.error.find("check mode: call 0 differs across ranks in the input's memory: rank "
+                            "1 has registered allocation #0 at offset 2048, rank 0 has "
+                            "registered allocation #0 at offset 0") != std::string::npos,
            "another offset on rank 1: status " + std::to_string(r.status) + ": " + r.error);
     a.input = boot.rank() == 1 ? static_cast<const void*>(plain.data()) : checked_input;
     r = checked.allreduce_fusion(a, nullptr);
     expect(r.status == ARBITER_MISMATCH &&
-               r.error.find("rank 1: ordinary memory") != std::string::npos,
+               r.error.find("rank 1 has unregistered memory") != std::string::npos,
            "ordinary memory on rank 1: status " + std::to_string(r.status) + ": " + r.error);
     a.input = checked_input;
     a.allreduce_out = out_b.data();
