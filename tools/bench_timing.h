@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,37 @@ struct Timed {
   std::vector<double> per_call_us;  // one per timed trial
 };
 
+// `arbiter bench --registered`: one allocation holding the input, then each
+// output (allreduce_out, residual_out, norm_out, quant_out, scale_out), each
+// part at a multiple of `align`, so the offsets are the same on every rank.
+struct RegisteredParts {
+  std::size_t offsets[6] = {};
+  std::size_t total = 0;  // at least `align`
+};
+inline RegisteredParts registered_parts(const std::size_t (&sizes)[6], std::size_t align) {
+  RegisteredParts parts;
+  for (std::size_t i = 0; i < 6; ++i) {
+    parts.offsets[i] = parts.total;
+    parts.total += (sizes[i] + align - 1) / align * align;
+  }
+  if (parts.total < align) parts.total = align;
+  return parts;
+}
+// `buffers` with the input and every output moved into `base` (laid out as
+// `parts` says); the other inputs stay where they are.
+inline Buffers in_registered_parts(const Buffers& buffers, void* base,
+                                   const RegisteredParts& parts) {
+  auto* b = static_cast<std::byte*>(base);
+  Buffers moved = buffers;
+  moved.input = b;
+  moved.allreduce_out = b + parts.offsets[1];
+  moved.residual_out = b + parts.offsets[2];
+  moved.norm_out = b + parts.offsets[3];
+  moved.quant_out = b + parts.offsets[4];
+  moved.scale_out = b + parts.offsets[5];
+  return moved;
+}
+
 class Runner {
  public:
   virtual ~Runner() = default;
@@ -62,15 +94,11 @@ class Runner {
   // memory `comm` registers (Communicator::alloc_registered, collective:
   // every rank calls it). Returns "" when they are ready, else why not;
   // nothing is then allocated. Replaces earlier registered buffers.
-  virtual std::string prepare_registered(Communicator& comm) {
-    (void)comm;
-    return "this runner has no registered buffers: no GPU module allocates registered memory "
-           "yet (docs/registered-buffers.md)";
-  }
+  virtual std::string prepare_registered(Communicator& comm) = 0;
   // REQUIRES: prepare_registered() returned "".
-  virtual const Buffers& registered_buffers() const { return buffers(); }
+  virtual const Buffers& registered_buffers() const = 0;
   // Frees them (local); call before `comm` ends.
-  virtual void release_registered(Communicator& comm) { (void)comm; }
+  virtual void release_registered(Communicator& comm) = 0;
 
   // Fills every output `point` writes in `buffers` (buffers() or
   // registered_buffers()) with 0xFF bytes (NaN in every dtype, and in e4m3),

@@ -113,6 +113,31 @@ class CudaRunner final : public Runner {
 
   const Buffers& buffers() const override { return buffers_; }
 
+  // Device memory the communicator's GPU module registers (trtllm): the
+  // input (same values) and every output, in one allocation.
+  std::string prepare_registered(Communicator& comm) override {
+    release_registered(comm);
+    const std::size_t sizes[] = {input_.size(),    allreduce_out_.size(), residual_out_.size(),
+                                 norm_out_.size(), quant_out_.size(),     scale_out_.size()};
+    const RegisteredParts parts = registered_parts(sizes, 256);  // cudaMalloc's alignment
+    void* data = nullptr;
+    const Communicator::Result r = comm.alloc_registered(parts.total, &data);
+    if (r.status != ARBITER_OK) return r.error;
+    registered_ = data;
+    check(cudaMemcpy(data, input_.data(), sizes[0], cudaMemcpyDeviceToDevice),
+          "copying the input into registered memory");
+    registered_buffers_ = in_registered_parts(buffers_, data, parts);
+    return "";
+  }
+
+  const Buffers& registered_buffers() const override { return registered_buffers_; }
+
+  void release_registered(Communicator& comm) override {
+    if (registered_ != nullptr) (void)comm.free_registered(registered_);
+    registered_ = nullptr;
+    registered_buffers_ = Buffers{};
+  }
+
   void poison(const Point& point, const Buffers& b) override {
     const OutputSizes s = output_sizes(point);
     const std::pair<void*, std::size_t> outputs[] = {{b.allreduce_out, s.allreduce_out},
@@ -242,6 +267,8 @@ class CudaRunner final : public Runner {
   DeviceBuffer input_, residual_, gamma_, scale_, allreduce_out_, residual_out_, norm_out_,
       quant_out_, scale_out_;
   Buffers buffers_;
+  void* registered_ = nullptr;  // alloc_registered(), or nullptr
+  Buffers registered_buffers_;
 };
 
 }  // namespace

@@ -96,27 +96,13 @@ class HostRunner final : public Runner {
     const OutputSizes& out = output_bytes_;
     const std::size_t sizes[] = {input_bytes_, out.allreduce_out, out.residual_out,
                                  out.norm_out, out.quant_out,     out.scale_out};
-    constexpr std::size_t kPage = 4096;
-    std::size_t offsets[std::size(sizes)] = {};
-    std::size_t total = 0;
-    for (std::size_t i = 0; i < std::size(sizes); ++i) {
-      offsets[i] = total;
-      total += (sizes[i] + kPage - 1) / kPage * kPage;
-    }
+    const RegisteredParts parts = registered_parts(sizes, 4096);  // a page each
     void* data = nullptr;
-    const Communicator::Result r =
-        comm.alloc_registered(std::max<std::size_t>(total, kPage), &data);
+    const Communicator::Result r = comm.alloc_registered(parts.total, &data);
     if (r.status != ARBITER_OK) return r.error;
     registered_ = data;
-    auto* base = static_cast<std::byte*>(data);
-    std::memcpy(base, input_.data(), sizes[0]);
-    registered_buffers_ = buffers_;
-    registered_buffers_.input = base;
-    registered_buffers_.allreduce_out = base + offsets[1];
-    registered_buffers_.residual_out = base + offsets[2];
-    registered_buffers_.norm_out = base + offsets[3];
-    registered_buffers_.quant_out = base + offsets[4];
-    registered_buffers_.scale_out = base + offsets[5];
+    std::memcpy(data, input_.data(), sizes[0]);
+    registered_buffers_ = in_registered_parts(buffers_, data, parts);
     return "";
   }
 
