@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "arbiter/common/registered_lookup.h"
 #include "shm_object.h"
 
 namespace arbiter::shm {
@@ -135,29 +136,14 @@ Status RegisteredMemory::release(void* local) {
 
 const Allocation* RegisteredMemory::find(const void* pointer, std::uint64_t bytes,
                                          std::string& why) const {
-  const auto* p = static_cast<const std::byte*>(pointer);
-  for (const Allocation& a : allocations_) {
-    if (p < a.local || p >= a.local + a.bytes) continue;
-    const auto offset = static_cast<std::uint64_t>(p - a.local);
-    if (bytes > a.bytes - offset) {
-      why = "the registered input (" + std::to_string(bytes) + " bytes at offset " +
-            std::to_string(offset) + ") crosses the end of its allocation of " +
-            std::to_string(a.bytes) + " bytes; pass a view that lies inside it";
-      return nullptr;
-    }
-    return &a;
-  }
-  why =
-      "the input is not in memory registered with this workspace (allocate it with this "
-      "communicator's empty()/alloc, or make an unregistered call)";
-  return nullptr;
+  return common::find_registered(allocations_, pointer, bytes, why,
+                                 [](const Allocation&) { return true; });
 }
 
 std::uint64_t RegisteredMemory::key(const Allocation& allocation, const void* input) {
-  const auto offset =
-      static_cast<std::uint64_t>(static_cast<const std::byte*>(input) - allocation.local);
-  // Offsets are below 2^40 (allocate() caps a part at 1 TiB); serial + 1 is never 0.
-  return ((allocation.serial + 1) << 40) | offset;
+  return common::registered_key(
+      allocation.serial,
+      static_cast<std::uint64_t>(static_cast<const std::byte*>(input) - allocation.local));
 }
 
 }  // namespace arbiter::shm

@@ -38,16 +38,6 @@ __device__ inline void cross_rank_barrier(const KernelParams& p, std::uint64_t t
   __syncthreads();
 }
 
-__device__ inline void store_relaxed_system_u64(std::uint64_t* p, std::uint64_t value) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(value) : "memory");
-}
-
-__device__ inline std::uint64_t load_relaxed_system_u64(const std::uint64_t* p) {
-  std::uint64_t value;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(p) : "memory");
-  return value;
-}
-
 // The barrier of a registered call: as cross_rank_barrier, on the
 // registered flags, whose words are {epoch, key}. The key is stored before
 // the epoch (the release orders it), so a CTA that sees the epoch sees the
@@ -66,7 +56,7 @@ __device__ inline void registered_barrier(const KernelParams& p, std::uint64_t t
              (std::uint64_t{blockIdx.x} * p.world_size + from) * 2;
     };
     std::uint64_t* const theirs = word(q, p.rank);
-    store_relaxed_system_u64(theirs + 1, p.call_key);
+    store_relaxed_system(theirs + 1, p.call_key);
     store_release_system(theirs, target);
     std::uint64_t* const mine = word(p.rank, q);
     Spin spin("trtllm");
@@ -74,13 +64,13 @@ __device__ inline void registered_barrier(const KernelParams& p, std::uint64_t t
       spin.again(
           p,
           [&] {
-            store_relaxed_system_u64(mine + 1, p.call_key);
+            store_relaxed_system(mine + 1, p.call_key);
             store_release_system(mine, target);
           },
           "registered barrier", q, blockIdx.x);
     }
     if (check_key) {
-      const std::uint64_t key = load_relaxed_system_u64(mine + 1);
+      const std::uint64_t key = load_relaxed_system(mine + 1);
       if (key != p.call_key) {
         printf(
             "arbiter trtllm: rank %u's registered call reads allocation/offset key %llx, rank "

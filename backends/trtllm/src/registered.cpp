@@ -11,6 +11,7 @@
 
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
+#include "arbiter/common/registered_lookup.h"
 
 namespace arbiter::trtllm {
 namespace {
@@ -196,22 +197,8 @@ Status RegisteredMemory::release(void* local) {
 
 const RegisteredAllocation* RegisteredMemory::find(const void* pointer, std::uint64_t bytes,
                                                    std::string& why) const {
-  const auto* p = static_cast<const char*>(pointer);
-  for (const RegisteredAllocation& a : allocations_) {
-    if (a.freed || p < a.local || p >= a.local + a.bytes) continue;
-    const auto offset = static_cast<std::uint64_t>(p - a.local);
-    if (bytes > a.bytes - offset) {
-      why = "the registered input (" + std::to_string(bytes) + " bytes at offset " +
-            std::to_string(offset) + ") crosses the end of its allocation of " +
-            std::to_string(a.bytes) + " bytes; pass a view that lies inside it";
-      return nullptr;
-    }
-    return &a;
-  }
-  why =
-      "the input is not in memory registered with this workspace (allocate it with this "
-      "communicator's empty()/alloc, or make an unregistered call)";
-  return nullptr;
+  return common::find_registered(allocations_, pointer, bytes, why,
+                                 [](const RegisteredAllocation& a) { return !a.freed; });
 }
 
 void RegisteredMemory::close_peer_mappings() {

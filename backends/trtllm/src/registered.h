@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "arbiter/common/fused_module.h"
+#include "arbiter/common/registered_lookup.h"
 #include "arbiter/common/status.h"
 #include "arbiter_backend.h"
 #include "kernel_params.h"
@@ -65,7 +66,7 @@ class RegisteredMemory {
   // Equal on two ranks exactly when they passed the same allocation at the
   // same offset; never 0.
   static std::uint64_t key(const RegisteredAllocation& a, std::uint64_t offset) {
-    return ((a.serial + 1) << 40) | offset;  // offsets are below 2^40 (allocate() caps parts)
+    return common::registered_key(a.serial, offset);
   }
 
   // The teardown halves (destroy_peer_mapped): close every mapping of a

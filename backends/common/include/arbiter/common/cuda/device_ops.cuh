@@ -180,6 +180,18 @@ __device__ inline std::uint64_t load_acquire_system(const std::uint64_t* p) {
   return value;
 }
 
+// Relaxed at system scope, 64 bits: a value a peer reads after an acquire
+// of a flag this thread releases later (a barrier word's key).
+__device__ inline void store_relaxed_system(std::uint64_t* p, std::uint64_t value) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(value) : "memory");
+}
+
+__device__ inline std::uint64_t load_relaxed_system(const std::uint64_t* p) {
+  std::uint64_t value;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(p) : "memory");
+  return value;
+}
+
 __device__ inline std::uint64_t global_timer_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
