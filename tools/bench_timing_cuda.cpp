@@ -126,6 +126,9 @@ class CudaRunner final : public Runner {
     registered_ = data;
     check(cudaMemcpy(data, input_.data(), sizes[0], cudaMemcpyDeviceToDevice),
           "copying the input into registered memory");
+    // A device-to-device cudaMemcpy may return before it lands, on a stream
+    // the runner's non-blocking stream does not wait for.
+    check(cudaDeviceSynchronize(), "copying the input into registered memory");
     registered_buffers_ = in_registered_parts(buffers_, data, parts);
     return "";
   }

@@ -160,6 +160,9 @@ void Bench::register_inputs(Group& g, std::uint32_t hidden, std::uint32_t capaci
     check(cudaMemcpy(parts[r], buffers_.rank(r).input.get(), bytes, cudaMemcpyDeviceToDevice),
           "copying the input into registered memory");
   }
+  // The copies may return before they land, on a stream the ranks' streams
+  // do not wait for.
+  check(cudaDeviceSynchronize(), "copying the input into registered memory");
   g.registered = parts;  // freed with the workspaces
 }
 
@@ -341,6 +344,14 @@ void Bench::run_fused(Timer& timer, const Group& g, Point& p, arbiter_algorithm 
     a.eps = kEps;
     a.norm_out = buffers_.rank(r).norm_out.get();
   }
+  // NaN bits in the outputs, so that a call that writes nothing (the
+  // registered rows follow the copied ones into the same buffers) fails the
+  // check.
+  for (int r = 0; r < p.ws; ++r) {
+    check(cudaMemset(args[r].residual_out, 0xFF, p.bytes), "clearing the outputs");
+    check(cudaMemset(args[r].norm_out, 0xFF, p.bytes), "clearing the outputs");
+  }
+  check(cudaDeviceSynchronize(), "clearing the outputs");
   // First through LoopbackGroup::run(): it notices ranks that disagree.
   std::string error;
   const std::int32_t status = registered

@@ -75,7 +75,7 @@ def main(folder: str, bootstrap: str) -> int:
         print(f"rank {rank}: registered{' in place' if in_place else ''}: {d.backend} "
               f"{'fused' if d.fused else 'unfused'}: {'ok' if ok else 'WRONG'}", flush=True)
         failures += not ok
-    del registered, got
+    del registered, got, r  # r.norm_out is the registered tensor: close() waits for none
     comm.close()
     if bootstrap == "group":
         dist.destroy_process_group()

@@ -43,9 +43,10 @@ __device__ inline void cross_rank_barrier(const KernelParams& p, std::uint64_t t
 // the epoch (the release orders it), so a CTA that sees the epoch sees the
 // key of the same call: a peer is never more than one barrier ahead, and
 // both barriers of a call carry its key. With `check_key` (the call's first
-// barrier) a peer whose key differs (another allocation or offset: it would
-// read this rank's memory where this rank's input is not) stops the kernel
-// with a message, as a lost peer does: its results would be wrong.
+// barrier) a peer whose key differs (another allocation or offset, which
+// would read this rank's memory where its input is not; or another shape or
+// algorithm, which would make another number of barriers: registered.h,
+// call_key) stops the kernel with a message, as a lost peer does.
 __device__ inline void registered_barrier(const KernelParams& p, std::uint64_t target,
                                           bool check_key) {
   using namespace common::device;
@@ -73,9 +74,9 @@ __device__ inline void registered_barrier(const KernelParams& p, std::uint64_t t
       const std::uint64_t key = load_relaxed_system(mine + 1);
       if (key != p.call_key) {
         printf(
-            "arbiter trtllm: rank %u's registered call reads allocation/offset key %llx, rank "
-            "%u's %llx: the ranks passed different registered inputs (another allocation or "
-            "offset). Aborting the kernel.\n",
+            "arbiter trtllm: rank %u's registered call has key %llx, rank %u's %llx: the ranks "
+            "made different registered calls (another allocation or offset, token count, "
+            "hidden size, algorithm, pattern or dtype). Aborting the kernel.\n",
             q, static_cast<unsigned long long>(key), p.rank,
             static_cast<unsigned long long>(p.call_key));
         __trap();

@@ -132,7 +132,7 @@ struct Module {
           static_cast<std::uint64_t>(static_cast<const char*>(slice.input) - area->local);
       KernelParams p = params_of(ws, slice);
       for (std::uint32_t q = 0; q < ws.world_size; ++q) p.sources[q] = area->parts[q] + offset;
-      p.call_key = RegisteredMemory::key(*area, offset);
+      p.call_key = RegisteredMemory::call_key(*area, offset, slice);
       p.input_overwritten = slice.allreduce_out == slice.input ||
                             slice.residual_out == slice.input || slice.norm_out == slice.input;
       return common::launch_fused(ws.device, slice, ws.world_size, ws.limits, p,

@@ -20,8 +20,11 @@ using common::cuda_message;
 using common::Status;
 
 constexpr std::size_t kReasonBytes = 240;
-// Freed allocations one record reports; more wait for the next alloc().
-constexpr std::size_t kReportedFrees = 16;
+// Allocations whose state one record reports, by position: every rank's
+// list holds the same allocations in the same order (made together,
+// reclaimed together), so position k names the same allocation everywhere.
+// Freed allocations past it are freed with the workspace.
+constexpr std::size_t kTrackedAllocations = 4096;
 constexpr std::uint64_t kMaxPartBytes = std::uint64_t{1} << 40;  // key() keeps offsets in 40 bits
 
 struct AllocHello {
@@ -30,8 +33,7 @@ struct AllocHello {
   std::uint64_t bytes;
   std::uint64_t base;
   cudaIpcMemHandle_t handle;
-  std::uint32_t freed_count;
-  std::uint64_t freed[kReportedFrees];
+  std::uint8_t freed[kTrackedAllocations / 8];  // bit k: allocations_[k] freed here
   char reason[kReasonBytes];
 };
 
@@ -83,9 +85,6 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   const arbiter_oob& oob = me.oob;
   AllocHello mine{};
   mine.bytes = bytes;
-  for (const RegisteredAllocation& a : allocations_) {
-    if (a.freed && mine.freed_count < kReportedFrees) mine.freed[mine.freed_count++] = a.serial;
-  }
   // Checked alike on every rank (same bytes), so all refuse together.
   Status status;
   if (bytes == 0 || bytes > kMaxPartBytes) {
@@ -94,6 +93,7 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   }
   common::DeviceScope scope;
   if (status.ok()) status = common::use_device(scope, me.device);
+  if (status.ok()) report_freed(mine.freed);
   void* base = nullptr;
   if (status.ok()) {
     if (cudaError_t e = cudaMalloc(&base, bytes); e != cudaSuccess) {
@@ -161,22 +161,33 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   return Status();
 }
 
+void RegisteredMemory::report_freed(std::uint8_t* bits) {
+  // The kernels this rank enqueued before free() may still read the peers'
+  // parts through these mappings (free() is not stream-ordered): wait for
+  // them, then close the mappings. Only then may the owners free the parts.
+  const bool any = std::any_of(allocations_.begin(), allocations_.end(),
+                               [](const RegisteredAllocation& a) { return a.freed; });
+  if (!any) return;
+  cudaDeviceSynchronize();
+  cudaGetLastError();
+  for (std::size_t k = 0; k < allocations_.size(); ++k) {
+    RegisteredAllocation& a = allocations_[k];
+    if (!a.freed) continue;
+    close_mappings(a);
+    if (k < kTrackedAllocations) bits[k / 8] |= static_cast<std::uint8_t>(1u << (k % 8));
+  }
+}
+
 template <typename Hello>
 void RegisteredMemory::reclaim(const std::vector<Hello>& all) {
-  const auto freed_everywhere = [&](std::uint64_t serial) {
-    return std::all_of(all.begin(), all.end(), [&](const Hello& h) {
-      const std::uint32_t n = std::min<std::uint32_t>(h.freed_count, kReportedFrees);
-      return std::find(h.freed, h.freed + n, serial) != h.freed + n;
-    });
-  };
-  for (auto it = allocations_.begin(); it != allocations_.end();) {
-    if (it->freed && freed_everywhere(it->serial)) {
-      cudaFree(it->local);
-      cudaGetLastError();
-      it = allocations_.erase(it);
-    } else {
-      ++it;
-    }
+  const std::size_t tracked = std::min(allocations_.size(), kTrackedAllocations);
+  for (std::size_t k = tracked; k-- > 0;) {
+    const bool everywhere = std::all_of(
+        all.begin(), all.end(), [&](const Hello& h) { return (h.freed[k / 8] >> (k % 8)) & 1u; });
+    if (!everywhere) continue;
+    cudaFree(allocations_[k].local);
+    cudaGetLastError();
+    allocations_.erase(allocations_.begin() + static_cast<std::ptrdiff_t>(k));
   }
 }
 
@@ -190,7 +201,8 @@ Status RegisteredMemory::release(void* local) {
                   "trtllm free: the pointer is not the start of an allocation of this workspace "
                   "(freed twice, a view into one, or another communicator's)");
   }
-  close_mappings(*at);
+  // The mappings close at the next alloc() (report_freed), after this
+  // rank's kernels, which may still read through them, are done.
   at->freed = true;
   return Status();
 }

@@ -7,11 +7,13 @@
 // loopback virtual ranks, use the plain pointer), exactly as the workspace
 // itself is mapped (workspace.cpp).
 //
-// Lifetime. free() is local: this rank closes its mappings of the peers'
-// parts and can no longer use the allocation, but its own part stays
-// allocated, because a peer may still read it (CUDA IPC does not keep
-// memory alive for the importers). Each collective alloc() exchanges which
-// allocations every rank has freed; those parts are then freed for real.
+// Lifetime. free() is local and only marks the allocation: this rank can no
+// longer use it, but its own part stays allocated (a peer may still read
+// it; CUDA IPC does not keep memory alive for the importers) and so do its
+// mappings of the peers' parts (its own kernels enqueued before free() may
+// still read them). The next collective alloc() waits for this rank's
+// device, closes those mappings and reports the allocation freed; the parts
+// of allocations every rank reported are then freed for real.
 // workspace_destroy() frees what is left, after every rank has unmapped.
 //
 // Thread-safety: the workspace's thread only.
@@ -68,6 +70,25 @@ class RegisteredMemory {
   static std::uint64_t key(const RegisteredAllocation& a, std::uint64_t offset) {
     return common::registered_key(a.serial, offset);
   }
+  // What a registered kernel's first barrier compares across ranks: key(),
+  // and what sets how many barriers the call makes and what it computes
+  // (tokens, hidden, algorithm, pattern, dtype), mixed into 64 bits. Ranks
+  // that differ in any of them trap there instead of pairing barriers that
+  // do not belong together (which would leave the epochs apart for good).
+  static std::uint64_t call_key(const RegisteredAllocation& a, std::uint64_t offset,
+                                const arbiter_allreduce_args& args) {
+    std::uint64_t h = key(a, offset);
+    const std::uint64_t fields[] = {
+        args.tokens, args.hidden, static_cast<std::uint64_t>(args.algorithm),
+        static_cast<std::uint64_t>(args.pattern), static_cast<std::uint64_t>(args.dtype)};
+    for (std::uint64_t f : fields) {  // splitmix64 steps
+      h += 0x9E3779B97F4A7C15ull ^ f;
+      h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+      h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+      h ^= h >> 31;
+    }
+    return h;
+  }
 
   // The teardown halves (destroy_peer_mapped): close every mapping of a
   // peer's part; free every own part.
@@ -79,6 +100,9 @@ class RegisteredMemory {
   // serials each rank reported, rank by rank).
   template <typename Hello>
   void reclaim(const std::vector<Hello>& all);
+  // Closes the mappings of freed allocations once this rank's device is
+  // idle, and sets bit k of `bits` for each freed allocations_[k].
+  void report_freed(std::uint8_t* bits);
 
   std::vector<RegisteredAllocation> allocations_;
   std::uint64_t made_ = 0;
