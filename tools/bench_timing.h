@@ -96,9 +96,13 @@ class Runner {
   // nothing is then allocated. Replaces earlier registered buffers.
   virtual std::string prepare_registered(Communicator& comm) = 0;
   // REQUIRES: prepare_registered() returned "".
-  virtual const Buffers& registered_buffers() const = 0;
+  const Buffers& registered_buffers() const { return registered_buffers_; }
   // Frees them (local); call before `comm` ends.
-  virtual void release_registered(Communicator& comm) = 0;
+  void release_registered(Communicator& comm) {
+    if (registered_ != nullptr) (void)comm.free_registered(registered_);
+    registered_ = nullptr;
+    registered_buffers_ = Buffers{};
+  }
 
   // Fills every output `point` writes in `buffers` (buffers() or
   // registered_buffers()) with 0xFF bytes (NaN in every dtype, and in e4m3),
@@ -116,6 +120,18 @@ class Runner {
   virtual Timed time(Communicator& comm, Bootstrap& boot, const Option& option,
                      const arbiter_allreduce_args& args, const Timing& timing,
                      std::chrono::milliseconds timeout) = 0;
+
+ protected:
+  // prepare_registered(): keeps `data` (from comm.alloc_registered, laid out
+  // as `parts` says) and moves buffers() into it.
+  void adopt_registered(void* data, const RegisteredParts& parts) {
+    registered_ = data;
+    registered_buffers_ = in_registered_parts(buffers(), data, parts);
+  }
+
+ private:
+  void* registered_ = nullptr;  // the registered allocation, or nullptr
+  Buffers registered_buffers_;
 };
 
 std::unique_ptr<Runner> make_host_runner();

@@ -123,22 +123,13 @@ class CudaRunner final : public Runner {
     void* data = nullptr;
     const Communicator::Result r = comm.alloc_registered(parts.total, &data);
     if (r.status != ARBITER_OK) return r.error;
-    registered_ = data;
+    adopt_registered(data, parts);  // freed by release_registered() should the copy throw
     check(cudaMemcpy(data, input_.data(), sizes[0], cudaMemcpyDeviceToDevice),
           "copying the input into registered memory");
     // A device-to-device cudaMemcpy may return before it lands, on a stream
     // the runner's non-blocking stream does not wait for.
     check(cudaDeviceSynchronize(), "copying the input into registered memory");
-    registered_buffers_ = in_registered_parts(buffers_, data, parts);
     return "";
-  }
-
-  const Buffers& registered_buffers() const override { return registered_buffers_; }
-
-  void release_registered(Communicator& comm) override {
-    if (registered_ != nullptr) (void)comm.free_registered(registered_);
-    registered_ = nullptr;
-    registered_buffers_ = Buffers{};
   }
 
   void poison(const Point& point, const Buffers& b) override {
@@ -270,8 +261,6 @@ class CudaRunner final : public Runner {
   DeviceBuffer input_, residual_, gamma_, scale_, allreduce_out_, residual_out_, norm_out_,
       quant_out_, scale_out_;
   Buffers buffers_;
-  void* registered_ = nullptr;  // alloc_registered(), or nullptr
-  Buffers registered_buffers_;
 };
 
 }  // namespace

@@ -100,18 +100,9 @@ class HostRunner final : public Runner {
     void* data = nullptr;
     const Communicator::Result r = comm.alloc_registered(parts.total, &data);
     if (r.status != ARBITER_OK) return r.error;
-    registered_ = data;
     std::memcpy(data, input_.data(), sizes[0]);
-    registered_buffers_ = in_registered_parts(buffers_, data, parts);
+    adopt_registered(data, parts);
     return "";
-  }
-
-  const Buffers& registered_buffers() const override { return registered_buffers_; }
-
-  void release_registered(Communicator& comm) override {
-    if (registered_ != nullptr) (void)comm.free_registered(registered_);
-    registered_ = nullptr;
-    registered_buffers_ = Buffers{};
   }
 
   void poison(const Point& point, const Buffers& b) override {
@@ -173,8 +164,6 @@ class HostRunner final : public Runner {
   Buffers buffers_;
   std::size_t input_bytes_ = 0;  // prepare()'s sizes, for prepare_registered()
   OutputSizes output_bytes_;
-  void* registered_ = nullptr;  // the registered allocation, or nullptr
-  Buffers registered_buffers_;
 };
 
 }  // namespace

@@ -283,8 +283,9 @@ typedef struct arbiter_backend_faults_v1_t {
  *    the call is refused on every rank with ARBITER_MISMATCH, before any
  *    output is written. (A GPU module, whose run_registered only enqueues,
  *    cannot see its peers' calls: it checks in its kernels instead and
- *    stops them, a CUDA error, where the ranks' allocations or offsets
- *    differ; the host's check mode refuses such calls before launch.) An
+ *    stops them, a CUDA error, where the ranks' allocations, offsets or
+ *    shapes differ; the host's check mode refuses such calls before
+ *    launch.) An
  *    input not wholly inside one allocation of this workspace is
  *    ARBITER_INVALID_ARGUMENT, nothing written.
  *  - On return from run_registered every peer has finished reading this

@@ -124,8 +124,9 @@ struct Module {
     }
     const arbiter_allreduce_args& a = *args;
     const std::uint64_t row_bytes = std::uint64_t{a.hidden} * common::dtype_size(a.dtype);
+    const std::uint64_t bytes = a.tokens * row_bytes;
     std::string why;
-    const RegisteredAllocation* area = ws.registered.find(a.input, a.tokens * row_bytes, why);
+    const RegisteredAllocation* area = ws.registered.find(a.input, bytes, why);
     if (area == nullptr) return Status(ARBITER_INVALID_ARGUMENT, "trtllm run (registered): " + why);
     const auto launch_slice = [&](const arbiter_allreduce_args& slice) {
       const auto offset =
@@ -139,7 +140,7 @@ struct Module {
                                   launch_oneshot_registered, launch_twoshot, stream);
     };
     const std::uint64_t capacity = per_call_capacity(ws.layout, ARBITER_ALGORITHM_TWOSHOT);
-    if (a.algorithm == ARBITER_ALGORITHM_ONESHOT || a.tokens * row_bytes <= capacity) {
+    if (a.algorithm == ARBITER_ALGORITHM_ONESHOT || bytes <= capacity) {
       return launch_slice(a);
     }
     // Two-shot above the sum area: slices as even as whole tokens allow, so
@@ -149,9 +150,8 @@ struct Module {
     if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4 || slices == 0 ||
         a.tokens / slices < ws.world_size) {
       return Status(ARBITER_UNSUPPORTED,
-                    "trtllm run (registered): a two-shot message of " +
-                        std::to_string(a.tokens * row_bytes) + " bytes exceeds the workspace's " +
-                        std::to_string(capacity) +
+                    "trtllm run (registered): a two-shot message of " + std::to_string(bytes) +
+                        " bytes exceeds the workspace's " + std::to_string(capacity) +
                         " bytes per call and cannot be sliced (NVFP4 scales, or slices of fewer "
                         "tokens than ranks); use one-shot");
     }

@@ -52,16 +52,15 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
   __shared__ ReductionSmem smem;
   __shared__ std::uint64_t shared_epoch;
 
-  constexpr bool registered = kRegistered;
   wait_for_previous_grid();
   if (threadIdx.x == 0) {
     shared_epoch = *reinterpret_cast<volatile std::uint64_t*>(
-        registered ? &p.control->registered_epoch : &p.control->barrier_epoch);
+        kRegistered ? &p.control->registered_epoch : &p.control->barrier_epoch);
   }
   __syncthreads();
   const std::uint64_t epoch = shared_epoch;
   auto barrier = [&](std::uint64_t target) {
-    if constexpr (registered) {
+    if constexpr (kRegistered) {
       registered_barrier(p, target, target == epoch + 1);
     } else {
       cross_rank_barrier(p, target);
@@ -138,7 +137,7 @@ __global__ void __launch_bounds__(common::device::kMaxThreads, 1)
   }
 
   arrive(p.control, [&](ControlBlock& control) {
-    if constexpr (registered) {
+    if constexpr (kRegistered) {
       control.registered_epoch = epoch + 2;
     } else {
       control.barrier_epoch = epoch + 2;

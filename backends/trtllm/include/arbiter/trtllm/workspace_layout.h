@@ -36,7 +36,8 @@
 // Registered calls (registered.h: the input read in place from every rank's
 // registered memory) have barrier flags of their own, 16 bytes per word:
 // the epoch as above (ControlBlock::registered_epoch) and the call's key
-// (which allocation, at which offset), written before the epoch. A copied
+// (allocation, offset and shape: registered.h, call_key), written before the
+// epoch. A copied
 // call on one rank and a registered call on another therefore never pair
 // (each waits for flags the other does not write, until the kernel's
 // deadline), and a rank whose key differs is caught at the first barrier.
