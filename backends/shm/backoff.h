@@ -4,9 +4,9 @@
 // only a wait past a millisecond sleeps, on a futex the peer's publish wakes
 // (futex.h): no sleep on the fast path, where a timed nap costs 50+ us of
 // timer slack. CI runs 8 ranks on 2 cores, so a rank that only spins keeps
-// the rank it waits for off the CPU. ARBITER_SHM_WAIT=spin (wait_policy.h)
-// skips the yields instead, for a host where a co-tenant, not a peer, would
-// take the core.
+// the rank it waits for off the CPU. The spin policy (wait_policy.h: the
+// default where every rank has a CPU of its own) skips the yields instead,
+// for a host where a co-tenant, not a peer, would take the core.
 //
 // A peer last seen on this rank's own CPU cannot make progress while this
 // rank spins: such a wait skips the spin and yields at once. That is the

@@ -9,6 +9,9 @@
 //   4. rank 0 unlinks the name, so a crash afterwards leaves nothing behind;
 //      every rank opens a pidfd for each peer's process (liveness.h), so that
 //      a call waiting on a peer that died returns within milliseconds.
+// The default wait policy (wait_policy.h) follows from step 1 too: every
+// rank's affinity mask and cgroup CPU quota say whether each rank has a CPU
+// of its own.
 // A failure anywhere fails creation on every rank, with the failing rank and
 // its reason in the message. Every oob call carries spec.timeout_ms.
 #include <sys/mman.h>
@@ -25,6 +28,7 @@
 #include "arbiter/common/liveness.h"
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
+#include "cpu_budget.h"
 #include "footprint.h"
 #include "owners_threshold.h"
 #include "shm_object.h"
@@ -50,6 +54,7 @@ struct Hello {
   std::uint64_t slot_bytes;         // from max_message_bytes and hidden (0 when the spec is bad)
   std::uint64_t owners_from_bytes;  // ARBITER_SHM_OWNERS_FROM
   std::uint64_t pid_namespace;
+  CpuBudget cpus;  // where this rank may run, and its cgroup's quota
   char host[kNameBytes];
   char message[kTextBytes];
 };
@@ -84,7 +89,7 @@ Status oob_failed(const arbiter_oob& oob, std::int32_t code, const char* step) {
 // Also chooses this rank's kernels (ARBITER_SHM_ISA), wait policy
 // (ARBITER_SHM_WAIT) and owners' threshold (ARBITER_SHM_OWNERS_FROM).
 Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
-                  const TokenKernels** kernels, WaitPolicy* wait_policy,
+                  const TokenKernels** kernels, WaitRequest* wait_request,
                   std::uint64_t* owners_from_bytes) {
   if (const Status shape = check_shape(spec); !shape.ok()) return shape;
   if (oob.size != spec.world_size) {
@@ -105,7 +110,7 @@ Status check_spec(const arbiter_oob& oob, const arbiter_workspace_spec& spec,
       !chosen.ok()) {
     return chosen;
   }
-  if (const Status chosen = choose_wait_policy(std::getenv("ARBITER_SHM_WAIT"), wait_policy);
+  if (const Status chosen = choose_wait_policy(std::getenv("ARBITER_SHM_WAIT"), wait_request);
       !chosen.ok()) {
     return chosen;
   }
@@ -182,6 +187,12 @@ Status judge_hellos(const std::vector<Hello>& hellos) {
   return {};
 }
 
+std::uint32_t cpus_of_group(const std::vector<Hello>& hellos) {
+  std::vector<CpuBudget> budgets;
+  for (const Hello& hello : hellos) budgets.push_back(hello.cpus);
+  return group_cpus(budgets);
+}
+
 void fill_header(void* base, const Layout& layout, const arbiter_workspace_spec& spec) {
   auto* header = static_cast<SharedHeader*>(base);
   header->magic = kMagic;
@@ -255,9 +266,9 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   // 1. Parameters and local verdicts.
   Hello hello{};
   const TokenKernels* kernels = &kScalarKernels;
-  WaitPolicy wait_policy = WaitPolicy::kYield;
+  WaitRequest wait_request = WaitRequest::kAuto;
   std::uint64_t owners_from_bytes = kDefaultOwnersFromBytes;
-  const Status local = check_spec(oob, spec, &kernels, &wait_policy, &owners_from_bytes);
+  const Status local = check_spec(oob, spec, &kernels, &wait_request, &owners_from_bytes);
   hello.status = local.code();
   hello.rank = oob.rank;
   hello.world_size = spec.world_size;
@@ -266,6 +277,7 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   hello.pid = static_cast<std::int32_t>(getpid());
   hello.max_message_bytes = spec.max_message_bytes;
   hello.pid_namespace = common::Liveness::own_pid_namespace();
+  hello.cpus = own_cpu_budget();
   // Sized by layout_for(), as the footprint companion reports it.
   hello.slot_bytes = local.ok() ? layout_for(spec).slot_bytes : 0;
   hello.owners_from_bytes = owners_from_bytes;
@@ -283,6 +295,8 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   // A group of one shares nothing: private memory, no /dev/shm object.
   if (spec.world_size == 1) return create_private(oob, layout, spec, *kernels, out);
   // (One rank never waits: its policy does not matter.)
+  const WaitPolicy wait_policy =
+      resolve_wait_policy(wait_request, spec.world_size, cpus_of_group(hellos));
 
   // 2. Rank 0 creates; everyone learns the name or why there is none.
   Announcement announcement{};
