@@ -212,7 +212,8 @@ ARBITER_SHM_VECTOR_INLINE std::size_t sum_pairs(const Source& source, std::size_
 }
 
 // Pass 1 of the epilogue (below) on bf16 elements [0, 32 n) of a token, n
-// the most that fit in `whole`, 32 at a step; returns 32 n.
+// the most that fit in `whole`, 32 at a step; returns 32 n. x goes to `row`
+// unless `row` is NULL (pass 2 then reads it back from residual_out).
 template <class L, class Source>
 ARBITER_SHM_VECTOR_INLINE std::uint32_t residual_pairs(
     const Source& source, std::size_t base, std::uint32_t whole, const std::uint16_t* residual_in,
@@ -229,8 +230,10 @@ ARBITER_SHM_VECTOR_INLINE std::uint32_t residual_pairs(
     if (residual_out != nullptr) L::store_pair(residual_out + i, x);
     const typename L::F low = L::block(x, 0);
     const typename L::F high = L::block(x, 1);
-    L::store_f32(row + i, low);
-    L::store_f32(row + i + kBlock, high);
+    if (row != nullptr) {
+      L::store_f32(row + i, low);
+      L::store_f32(row + i + kBlock, high);
+    }
     squares = L::add(squares, L::mul(low, low));
     squares = L::add(squares, L::mul(high, high));
   }
@@ -250,6 +253,26 @@ ARBITER_SHM_VECTOR_INLINE std::uint32_t norm_pairs(std::uint32_t whole, const fl
         L::mul(L::mul(L::load_f32(row + i + kBlock), inv),
                L::add(L::template load<ARBITER_DTYPE_BF16>(gamma + i + kBlock), bias));
     L::store_words(norm_out + i, L::round_two(low, high));
+  }
+  return i;
+}
+
+// Pass 2 likewise, x read back from the bf16 words pass 1 stored in
+// residual_out: the same values as `row` holds, from a third of the bytes.
+// Works on even and odd elements, which the arithmetic (per element) allows.
+template <class L>
+ARBITER_SHM_VECTOR_INLINE std::uint32_t norm_pairs_from_words(std::uint32_t whole,
+                                                              const std::uint16_t* x,
+                                                              const std::uint16_t* gamma,
+                                                              typename L::F inv, typename L::F bias,
+                                                              std::uint16_t* norm_out) {
+  std::uint32_t i = 0;
+  for (; i + 2 * kBlock <= whole; i += 2 * kBlock) {
+    const typename L::Pair value = L::load_pair(x + i);
+    const typename L::Pair weight = L::load_pair(gamma + i);
+    const typename L::F even = L::mul(L::mul(value.even, inv), L::add(weight.even, bias));
+    const typename L::F odd = L::mul(L::mul(value.odd, inv), L::add(weight.odd, bias));
+    L::store_pair(norm_out + i, L::round_two(even, odd));
   }
   return i;
 }
@@ -294,7 +317,10 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   B* const norm_out = args.norm_out ? static_cast<B*>(args.norm_out) + base : nullptr;
   const B* const gamma = static_cast<const B*>(args.gamma);
 
-  // Pass 1: sum, residual, sum of squares; x kept in `row`.
+  // Pass 1: sum, residual, sum of squares; x kept in `row` (bf16 pairs:
+  // in residual_out only, when pass 2 reads it back from there).
+  const bool quantize = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
+  const bool x_in_words = !quantize && residual_out != nullptr && norm_out != nullptr;
   F squares = Lanes::zero();
   std::uint32_t i = 0;
   if (residual_in == nullptr) {
@@ -310,8 +336,8 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
     }
   } else {
     if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
-      i = residual_pairs<Lanes>(source, base, whole, residual_in, allreduce_out, residual_out, row,
-                                squares);
+      i = residual_pairs<Lanes>(source, base, whole, residual_in, allreduce_out, residual_out,
+                                x_in_words ? nullptr : row, squares);
     }
     for (; i < whole; i += kBlock) {
       const F residual = Lanes::load<kDtype>(residual_in + i);
@@ -348,7 +374,6 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   const float inv_rms = common::inverse_rms(sum_of_squares, hidden, args.eps);
 
   // Pass 2: the norm; y kept in `row` when FP8 needs it.
-  const bool quantize = args.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8;
   const F inv = Lanes::splat(inv_rms);
   const F bias = Lanes::splat(args.weight_bias);
   // A NaN sum or x makes y NaN, and y can be NaN without one (an infinite x
@@ -356,8 +381,11 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   NanWatch<Lanes> watch{Lanes::zero()};
   i = 0;
   if constexpr (kDtype == ARBITER_DTYPE_BF16 && Bf16PairLanes<Lanes>) {
-    if (!quantize && norm_out != nullptr)
+    if (residual_in != nullptr && x_in_words) {
+      i = norm_pairs_from_words<Lanes>(whole, residual_out, gamma, inv, bias, norm_out);
+    } else if (!quantize && norm_out != nullptr) {
       i = norm_pairs<Lanes>(whole, row, gamma, inv, bias, norm_out);
+    }
   }
   for (; i < whole; i += kBlock) {
     const F weight = Lanes::add(Lanes::load<kDtype>(gamma + i), bias);
