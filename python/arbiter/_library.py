@@ -59,6 +59,16 @@ class CRequest(Structure):
     ]
 
 
+class CRequestEx(Structure):
+    """arbiter_request_ex: arbiter_request and what it has no room for."""
+
+    _fields_ = [
+        ("request", CRequest),
+        ("size", c_uint32),
+        ("buffers_registered", c_uint32),
+    ]
+
+
 class CDecision(Structure):
     """arbiter_decision."""
 
@@ -191,26 +201,26 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.arbiter_policy_free.restype = None
     lib.arbiter_backend_name.argtypes = [c_uint32]
     lib.arbiter_backend_name.restype = c_char_p
-    lib.arbiter_decide.argtypes = [c_void_p, POINTER(CRequest), POINTER(CDecision)]
-    lib.arbiter_decide.restype = c_int32
-    lib.arbiter_max_fused_bytes.argtypes = [
+    lib.arbiter_decide_ex.argtypes = [c_void_p, POINTER(CRequestEx), POINTER(CDecision)]
+    lib.arbiter_decide_ex.restype = c_int32
+    lib.arbiter_max_fused_bytes_ex.argtypes = [
         c_void_p,
-        POINTER(CRequest),
+        POINTER(CRequestEx),
         POINTER(c_uint64),
         POINTER(c_int32),
     ]
-    lib.arbiter_max_fused_bytes.restype = c_int32
+    lib.arbiter_max_fused_bytes_ex.restype = c_int32
     lib.arbiter_policy_fingerprint.argtypes = [c_void_p]
     lib.arbiter_policy_fingerprint.restype = c_uint64
-    lib.arbiter_explain.argtypes = [
+    lib.arbiter_explain_ex.argtypes = [
         c_void_p,
-        POINTER(CRequest),
+        POINTER(CRequestEx),
         c_int32,
         c_char_p,
         c_size_t,
         POINTER(c_size_t),
     ]
-    lib.arbiter_explain.restype = c_int32
+    lib.arbiter_explain_ex.restype = c_int32
     lib.arbiter_comm_create.argtypes = [
         POINTER(COob),
         c_void_p,

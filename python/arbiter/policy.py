@@ -169,7 +169,10 @@ class Request:
     as tokens x hidden x element size. nvlink_domain None means: NVLink on one
     node, none across nodes (say True for a multi-node NVLink rack).
     residual_replicated says every rank passes the same residual (tables may
-    key on it with `residual: replicated`); ignored for pattern allreduce."""
+    key on it with `residual: replicated`); ignored for pattern allreduce.
+    buffers_registered says the input lies in memory registered with a
+    communicator (comm.empty(), arbiter.torch.empty()); tables may key on it
+    with `buffers: registered`."""
 
     capability: Capability
     world_size: int
@@ -182,9 +185,15 @@ class Request:
     tokens: int = 0
     hidden: int = 0
     residual_replicated: bool = False
+    buffers_registered: bool = False
 
-    def _to_c(self) -> _library.CRequest:
-        c = _library.CRequest()
+    def _to_c(self) -> _library.CRequestEx:
+        ex = _library.CRequestEx()
+        ex.size = ctypes.sizeof(ex)
+        if not isinstance(self.buffers_registered, bool):
+            raise _invalid(f"buffers_registered {self.buffers_registered!r} is not a bool")
+        ex.buffers_registered = 1 if self.buffers_registered else 0
+        c = ex.request
         c.capability = parse_capability(self.capability)
         for name in ("world_size", "nodes", "tokens", "hidden"):
             v = getattr(self, name)
@@ -200,7 +209,7 @@ class Request:
         c.dtype = parse_dtype(self.dtype)
         c.pattern = parse_pattern(self.pattern)
         c.message_bytes = 0 if self.message_bytes is None else parse_size(self.message_bytes)
-        return c
+        return ex
 
 
 @dataclass(frozen=True)
@@ -309,7 +318,7 @@ class Policy:
         c = _request(request, fields)._to_c()
         out = _library.CDecision()
         _library.check(
-            self._lib, self._lib.arbiter_decide(self._live(), ctypes.byref(c), ctypes.byref(out))
+            self._lib, self._lib.arbiter_decide_ex(self._live(), ctypes.byref(c), ctypes.byref(out))
         )
         return decision_from_c(self._lib, out)
 
@@ -323,7 +332,7 @@ class Policy:
         has_cap = ctypes.c_int32()
         _library.check(
             self._lib,
-            self._lib.arbiter_max_fused_bytes(
+            self._lib.arbiter_max_fused_bytes_ex(
                 self._live(), ctypes.byref(c), ctypes.byref(cap), ctypes.byref(has_cap)
             ),
         )
@@ -342,7 +351,7 @@ class Policy:
         while True:
             buf = ctypes.create_string_buffer(size)
             needed = ctypes.c_size_t(0)
-            status = self._lib.arbiter_explain(
+            status = self._lib.arbiter_explain_ex(
                 handle, ctypes.byref(c), 1 if json else 0, buf, size, ctypes.byref(needed)
             )
             if status == Status.INVALID_ARGUMENT and needed.value > size:

@@ -166,6 +166,33 @@ def test_a_replicated_residual_meets_the_cells_keyed_by_it(tmp_path):
             policy.decide(residual_replicated=1, **cpu)
 
 
+def test_registered_buffers_meet_the_cells_keyed_by_them(tmp_path):
+    # At 2 CPU ranks a registered residual_rmsnorm call runs one-shot to
+    # 512 KiB here, and is fused to 32 MiB.
+    site = tmp_path / "registered.yaml"
+    site.write_text(
+        "format: 1\n"
+        "fusion:\n"
+        "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, residual: distinct,"
+        " buffers: registered, max: 32MiB}\n"
+        "oneshot:\n"
+        "  cells:\n"
+        "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, residual: distinct,"
+        " buffers: registered, max: 512KiB}\n"
+    )
+    cpu = dict(capability="cpu", world_size=2, message_bytes="256KiB")
+    with arbiter.load([str(site)]) as policy:
+        assert policy.decide(**cpu).algorithm == "twoshot"  # shm's 256 KiB total
+        assert policy.decide(buffers_registered=True, **cpu).algorithm == "oneshot"
+        assert policy.max_fused_bytes(**cpu) == 64 * MiB
+        assert policy.max_fused_bytes(buffers_registered=True, **cpu) == 32 * MiB
+        explained = json.loads(policy.explain(buffers_registered=True, json=True, **cpu))
+        assert explained["request"]["buffers_registered"] is True
+        assert "registered.yaml:6:7" in policy.explain(buffers_registered=True, **cpu)
+        with pytest.raises(arbiter.ArbiterError, match="buffers_registered 1 is not a bool"):
+            policy.decide(buffers_registered=1, **cpu)
+
+
 def test_arbiter_config_reaches_from_environment(site_file, monkeypatch):
     monkeypatch.setenv("ARBITER_CONFIG", str(site_file))
     with arbiter.from_environment() as env, arbiter.load([site_file]) as explicit:

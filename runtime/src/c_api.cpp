@@ -95,12 +95,73 @@ bool to_request(const arbiter_request* in, arbiter::Request& r) {
   return true;
 }
 
+bool to_request(const arbiter_request_ex* in, arbiter::Request& r) {
+  constexpr std::size_t kFirstField = offsetof(arbiter_request_ex, buffers_registered);
+  if (in->size < kFirstField + sizeof(in->buffers_registered) ||
+      in->size > sizeof(arbiter_request_ex)) {
+    g_last_error = "arbiter_request_ex.size is " + std::to_string(in->size) +
+                   "; this library knows sizes " + std::to_string(kFirstField + 4) + " to " +
+                   std::to_string(sizeof(arbiter_request_ex)) +
+                   " (set it to sizeof(arbiter_request_ex); a larger one comes from a newer "
+                   "arbiter.h than this library)";
+    return false;
+  }
+  if (!to_request(&in->request, r)) return false;
+  r.buffers_registered = in->buffers_registered != 0;
+  return true;
+}
+
 void to_decision(const arbiter::Decision& d, arbiter_decision* out) {
   out->backend = static_cast<uint32_t>(d.backend);
   out->algorithm = static_cast<arbiter_algorithm>(d.algorithm);
   out->fused = d.fused;
   out->reason = static_cast<uint32_t>(d.reason);
   out->cap = d.cap;
+}
+
+// The decide, max_fused_bytes and explain entry points, for either request
+// struct (to_request reads each).
+template <class CRequest>
+int32_t decide(const arbiter_policy* policy, const CRequest* request, arbiter_decision* out) {
+  if (!policy || !request || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  arbiter::Request r;
+  if (!to_request(request, r)) return ARBITER_INVALID_ARGUMENT;
+  to_decision(policy->policy.decide(r), out);
+  return ARBITER_OK;
+}
+
+template <class CRequest>
+int32_t max_fused_bytes(const arbiter_policy* policy, const CRequest* request, uint64_t* cap,
+                        int32_t* has_cap) {
+  if (!policy || !request || !cap || !has_cap) {
+    return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  }
+  arbiter::Request r;
+  if (!to_request(request, r)) return ARBITER_INVALID_ARGUMENT;
+  const auto c = policy->policy.max_fused_bytes(r);
+  *has_cap = c.has_value();
+  *cap = c.value_or(0);
+  return ARBITER_OK;
+}
+
+template <class CRequest>
+int32_t explain(const arbiter_policy* policy, const CRequest* request, int32_t json, char* buf,
+                size_t size, size_t* needed) {
+  return guarded([&] {
+    if (!policy || !request || !needed) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+    arbiter::Request r;
+    if (!to_request(request, r)) return int32_t{ARBITER_INVALID_ARGUMENT};
+    const arbiter::Decision d = policy->policy.explain(r);
+    const std::string text =
+        json ? policy->policy.decision_json(r, d) : policy->policy.explain_text(r, d);
+    *needed = text.size() + 1;
+    if (!buf || size < *needed) {
+      return fail(ARBITER_INVALID_ARGUMENT,
+                  "buffer too small: " + std::to_string(*needed) + " bytes needed");
+    }
+    std::memcpy(buf, text.c_str(), *needed);
+    return int32_t{ARBITER_OK};
+  });
 }
 
 }  // namespace
@@ -144,24 +205,22 @@ void arbiter_policy_free(arbiter_policy* policy) { delete policy; }
 
 int32_t arbiter_decide(const arbiter_policy* policy, const arbiter_request* request,
                        arbiter_decision* out) {
-  if (!policy || !request || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
-  arbiter::Request r;
-  if (!to_request(request, r)) return ARBITER_INVALID_ARGUMENT;
-  to_decision(policy->policy.decide(r), out);
-  return ARBITER_OK;
+  return decide(policy, request, out);
+}
+
+int32_t arbiter_decide_ex(const arbiter_policy* policy, const arbiter_request_ex* request,
+                          arbiter_decision* out) {
+  return decide(policy, request, out);
 }
 
 int32_t arbiter_max_fused_bytes(const arbiter_policy* policy, const arbiter_request* request,
                                 uint64_t* cap, int32_t* has_cap) {
-  if (!policy || !request || !cap || !has_cap) {
-    return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
-  }
-  arbiter::Request r;
-  if (!to_request(request, r)) return ARBITER_INVALID_ARGUMENT;
-  const auto c = policy->policy.max_fused_bytes(r);
-  *has_cap = c.has_value();
-  *cap = c.value_or(0);
-  return ARBITER_OK;
+  return max_fused_bytes(policy, request, cap, has_cap);
+}
+
+int32_t arbiter_max_fused_bytes_ex(const arbiter_policy* policy, const arbiter_request_ex* request,
+                                   uint64_t* cap, int32_t* has_cap) {
+  return max_fused_bytes(policy, request, cap, has_cap);
 }
 
 uint64_t arbiter_policy_fingerprint(const arbiter_policy* policy) {
@@ -170,21 +229,12 @@ uint64_t arbiter_policy_fingerprint(const arbiter_policy* policy) {
 
 int32_t arbiter_explain(const arbiter_policy* policy, const arbiter_request* request, int32_t json,
                         char* buf, size_t size, size_t* needed) {
-  return guarded([&] {
-    if (!policy || !request || !needed) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
-    arbiter::Request r;
-    if (!to_request(request, r)) return int32_t{ARBITER_INVALID_ARGUMENT};
-    const arbiter::Decision d = policy->policy.explain(r);
-    const std::string text =
-        json ? policy->policy.decision_json(r, d) : policy->policy.explain_text(r, d);
-    *needed = text.size() + 1;
-    if (!buf || size < *needed) {
-      return fail(ARBITER_INVALID_ARGUMENT,
-                  "buffer too small: " + std::to_string(*needed) + " bytes needed");
-    }
-    std::memcpy(buf, text.c_str(), *needed);
-    return int32_t{ARBITER_OK};
-  });
+  return explain(policy, request, json, buf, size, needed);
+}
+
+int32_t arbiter_explain_ex(const arbiter_policy* policy, const arbiter_request_ex* request,
+                           int32_t json, char* buf, size_t size, size_t* needed) {
+  return explain(policy, request, json, buf, size, needed);
 }
 
 }  // extern "C"

@@ -82,6 +82,27 @@ uint64_t arbiter_policy_fingerprint(const arbiter_policy* policy);
 int32_t arbiter_explain(const arbiter_policy* policy, const arbiter_request* request, int32_t json,
                         char* buf, size_t size, size_t* needed);
 
+/* A request with what arbiter_request has no room for (its size and layout
+ * are fixed). size: sizeof(arbiter_request_ex) as the caller was built;
+ * later versions may add fields after the last, and a size larger than this
+ * library knows is refused (built against a newer arbiter.h). */
+typedef struct arbiter_request_ex {
+  arbiter_request request;
+  uint32_t size;
+  /* bool: the call's input lies in memory registered with a communicator
+   * (arbiter_comm_alloc); tables may key on it (`buffers: registered`). */
+  uint32_t buffers_registered;
+} arbiter_request_ex;
+
+/* arbiter_decide, arbiter_max_fused_bytes and arbiter_explain of an
+ * arbiter_request_ex. */
+int32_t arbiter_decide_ex(const arbiter_policy* policy, const arbiter_request_ex* request,
+                          arbiter_decision* out);
+int32_t arbiter_max_fused_bytes_ex(const arbiter_policy* policy, const arbiter_request_ex* request,
+                                   uint64_t* cap, int32_t* has_cap);
+int32_t arbiter_explain_ex(const arbiter_policy* policy, const arbiter_request_ex* request,
+                           int32_t json, char* buf, size_t size, size_t* needed);
+
 /* arbiter_comm_options.nvlink_domain. */
 #define ARBITER_NVLINK_AUTO 0u /* one node: NVLink assumed; several nodes: none */
 #define ARBITER_NVLINK_YES 1u  /* every rank in one NVLink domain (NVL72 across nodes too) */

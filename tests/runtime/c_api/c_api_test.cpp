@@ -179,6 +179,72 @@ BOOST_AUTO_TEST_CASE(the_replicated_residual_reaches_cells_keyed_by_it) {
   arbiter_policy_free(p);
 }
 
+// arbiter_request_ex says what arbiter_request has no room for: a request
+// whose input lies in registered memory meets the cells keyed `buffers:
+// registered` (tests/data/good/registered_buffers.yaml) through decide,
+// max_fused_bytes and explain; the same request without it does not; a size
+// this library does not know is refused with the fix.
+BOOST_AUTO_TEST_CASE(the_extended_request_reaches_cells_keyed_by_registered_buffers) {
+  const std::string table = std::string(ARBITER_TEST_DATA) + "/good/registered_buffers.yaml";
+  const char* files[] = {table.c_str()};
+  arbiter_policy* p = nullptr;
+  BOOST_REQUIRE_MESSAGE(arbiter_policy_load(files, 1, nullptr, &p) == ARBITER_OK,
+                        arbiter_last_error());
+  arbiter_request_ex r{};
+  r.size = sizeof r;
+  r.request.world_size = 2;
+  r.request.dtype = ARBITER_DTYPE_BF16;
+  r.request.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+  r.request.message_bytes = 1ull << 20;
+  arbiter_decision d{};
+  // Copied: shm's threshold (256 KiB total) sends 1 MiB to two-shot.
+  BOOST_TEST(arbiter_decide_ex(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.algorithm == ARBITER_ALGORITHM_TWOSHOT);
+  arbiter_decision plain{};
+  BOOST_TEST(arbiter_decide(p, &r.request, &plain) == ARBITER_OK);
+  BOOST_TEST(plain.algorithm == ARBITER_ALGORITHM_TWOSHOT);
+  // Registered: the one-shot cell's 512 KiB is below 1 MiB too, but 256 KiB
+  // is not.
+  r.buffers_registered = 1;
+  BOOST_TEST(arbiter_decide_ex(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.algorithm == ARBITER_ALGORITHM_TWOSHOT);
+  r.request.message_bytes = 256ull << 10;
+  BOOST_TEST(arbiter_decide_ex(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.algorithm == ARBITER_ALGORITHM_ONESHOT);
+  r.buffers_registered = 0;
+  BOOST_TEST(arbiter_decide_ex(p, &r, &d) == ARBITER_OK);
+  BOOST_TEST(d.algorithm == ARBITER_ALGORITHM_TWOSHOT);
+  // The fused cap: 32 MiB registered, the default cell's 64 MiB copied.
+  uint64_t cap = 0;
+  int32_t has_cap = 0;
+  BOOST_TEST(arbiter_max_fused_bytes_ex(p, &r, &cap, &has_cap) == ARBITER_OK);
+  BOOST_TEST(has_cap == 1);
+  BOOST_TEST(cap == (64ull << 20));
+  r.buffers_registered = 1;
+  BOOST_TEST(arbiter_max_fused_bytes_ex(p, &r, &cap, &has_cap) == ARBITER_OK);
+  BOOST_TEST(cap == (32ull << 20));
+  char json[8192];
+  size_t needed = 0;
+  BOOST_TEST(arbiter_explain_ex(p, &r, 1, json, sizeof json, &needed) == ARBITER_OK);
+  BOOST_TEST(std::string(json).find("\"buffers_registered\":true") != std::string::npos, json);
+  BOOST_TEST(arbiter_explain_ex(p, &r, 0, json, sizeof json, &needed) == ARBITER_OK);
+  BOOST_TEST(std::string(json).find("registered_buffers.yaml:12") != std::string::npos, json);
+
+  // Sizes: too small to hold the flag, or from a newer header.
+  for (const uint32_t size :
+       {0u, static_cast<uint32_t>(sizeof(arbiter_request)), static_cast<uint32_t>(sizeof r + 8)}) {
+    r.size = size;
+    BOOST_TEST(arbiter_decide_ex(p, &r, &d) == ARBITER_INVALID_ARGUMENT);
+    const std::string error = arbiter_last_error();
+    BOOST_TEST(
+        error.find("arbiter_request_ex.size is " + std::to_string(size)) != std::string::npos,
+        error);
+    BOOST_TEST(error.find("sizeof(arbiter_request_ex)") != std::string::npos, error);
+  }
+  BOOST_TEST(arbiter_decide_ex(p, nullptr, &d) == ARBITER_INVALID_ARGUMENT);
+  arbiter_policy_free(p);
+}
+
 // The communicator from the launcher's environment: a bad environment or bad
 // options fail with a code and a message that names the fix, and nothing is
 // created. (The joined path runs under `arbiter launch` in the Python tests.)
