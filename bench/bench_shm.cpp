@@ -555,7 +555,7 @@ int main(int argc, char** argv) {
         "# arbiter-bench-shm: world_size=%d hidden=%u dtype=bf16 pattern=residual_rmsnorm "
         "trials=%d load=%d wait=%s owners_from=%s baseline=%s%s\n",
         boot.world_size(), hidden, opt.trials, opt.load,
-        std::getenv("ARBITER_SHM_WAIT") != nullptr ? std::getenv("ARBITER_SHM_WAIT") : "default",
+        std::getenv("ARBITER_SHM_WAIT") != nullptr ? std::getenv("ARBITER_SHM_WAIT") : "auto",
         std::getenv("ARBITER_SHM_OWNERS_FROM"), opt.baseline_wait.empty() ? "" : "wait=",
         !opt.baseline_wait.empty() ? opt.baseline_wait.c_str()
         : opt.baseline.empty()     ? "none"
