@@ -26,6 +26,12 @@ constexpr std::size_t kReasonBytes = 240;
 // Freed allocations past it are freed with the workspace.
 constexpr std::size_t kTrackedAllocations = 4096;
 constexpr std::uint64_t kMaxPartBytes = std::uint64_t{1} << 40;  // key() keeps offsets in 40 bits
+// cudaMalloc may carve a small allocation out of a larger block, and CUDA IPC
+// then shares the whole block (the CUDA programming guide's IPC section: share
+// only allocations of a 2 MiB-aligned size). Each part is rounded up to it,
+// so a peer's mapping holds this part alone and a second part never shares a
+// block another process has opened already.
+constexpr std::uint64_t kIpcGranule = std::uint64_t{2} << 20;
 
 struct AllocHello {
   std::int32_t status;
@@ -96,12 +102,14 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   if (status.ok()) report_freed(mine.freed);
   void* base = nullptr;
   if (status.ok()) {
-    if (cudaError_t e = cudaMalloc(&base, bytes); e != cudaSuccess) {
+    const std::uint64_t reserved = (bytes + kIpcGranule - 1) / kIpcGranule * kIpcGranule;
+    if (cudaError_t e = cudaMalloc(&base, reserved); e != cudaSuccess) {
       cudaGetLastError();
       base = nullptr;
       status = Status(ARBITER_UNAVAILABLE,
-                      cuda_message("trtllm alloc: cudaMalloc(" + std::to_string(bytes) +
-                                       " bytes of registered memory); allocate less",
+                      cuda_message("trtllm alloc: cudaMalloc(" + std::to_string(reserved) +
+                                       " bytes of registered memory, " + std::to_string(bytes) +
+                                       " asked, rounded up to 2 MiB); allocate less",
                                    e));
     }
   }
