@@ -4,7 +4,11 @@
 // API and probes multicast, nccl runs a real multi-process communicator.
 // Every dtype and pattern the module offers, one-shot and two-shot (nccl:
 // native), is checked against the fp64 reference on every rank, and every
-// rank must hold the same bits.
+// rank must hold the same bits. A module with registered memory (ABI v2:
+// trtllm) also runs calls whose input lies in it, read by the peers through
+// their CUDA IPC mappings: two small allocations (so a second part never
+// shares a block a peer opened already), in place too, and an allocation
+// made after a free (the next alloc closes the freed mappings).
 //
 //   backends_gpu_processes_test --backend NAME [--ranks N]
 //       forks N rank processes (default 2) that meet through shared memory;
@@ -128,10 +132,20 @@ std::uint64_t fnv1a(std::uint64_t h, const Bytes& bytes) {
   return h;
 }
 
-// Runs `c` on this rank; checks the outputs against the reference over
-// every rank's input. Returns "" or what is wrong; `hash` gets the output bits.
+// Where a registered call's input lies (run_registered), and whether
+// norm_out is that input (vLLM's in-place call).
+struct Registered {
+  const arbiter_backend_memory_v2_t* memory = nullptr;
+  std::byte* input = nullptr;
+  bool in_place = false;
+};
+
+// Runs `c` on this rank (registered: with the input in registered memory);
+// checks the outputs against the reference over every rank's input. Returns
+// "" or what is wrong; `hash` gets the output bits.
 std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, const Case& c,
-                     int rank, int world_size, cudaStream_t stream, std::uint64_t* hash) {
+                     int rank, int world_size, cudaStream_t stream, std::uint64_t* hash,
+                     const Registered& registered = {}) {
   const Bytes input = input_of(c, rank);
   const Bytes residual =
       arbiter::test::random_elements(c.elements(), c.dtype, -1.0f, 1.0f, seed_of(c) + 999u, -1);
@@ -148,26 +162,35 @@ std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, con
   cudaMemcpy(d_residual.get(), residual.data(), residual.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(d_gamma.get(), gamma.data(), gamma.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(d_scale.get(), &scale, sizeof scale, cudaMemcpyHostToDevice);
+  if (registered.memory != nullptr) {
+    cudaMemcpy(registered.input, input.data(), input.size(), cudaMemcpyHostToDevice);
+  }
+  // A copy from pageable memory may still be in flight when cudaMemcpy
+  // returns, and the call's stream does not wait for the default stream.
   if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
     return std::string("upload: ") + cudaGetErrorString(e);
   }
 
   arbiter_allreduce_args a = args_of(c);
   a.input = d_input.get();
+  if (registered.memory != nullptr) a.input = registered.input;
   a.allreduce_out = !c.norm() || c.allreduce_out ? d_sum.get() : nullptr;
   if (c.norm()) {
     a.residual_in = d_residual.get();
     a.residual_out = d_residual_out.get();
     a.gamma = d_gamma.get();
     a.eps = kEps;
-    a.norm_out = d_norm.get();
+    a.norm_out = registered.in_place ? registered.input : d_norm.get();
   }
   if (c.fp8() || c.fp4()) {
     a.quant_out = d_quant.get();
     a.scale = static_cast<const float*>(d_scale.get());
   }
   if (c.fp4()) a.scale_out = d_scales.get();
-  if (const std::int32_t s = api.run(ws, &a, stream); s != ARBITER_OK) {
+  if (const std::int32_t s = registered.memory != nullptr
+                                 ? registered.memory->run_registered(ws, &a, stream)
+                                 : api.run(ws, &a, stream);
+      s != ARBITER_OK) {
     return "run: status " + std::to_string(s) + ": " + api.last_error();
   }
   // A kernel waiting for a peer that never comes shows up here, not as a hung test.
@@ -226,6 +249,23 @@ std::string run_case(const arbiter_backend_v1_t& api, arbiter_workspace* ws, con
   }
   *hash = h;
   return e;
+}
+
+// run_case, then every rank's output bits compared over the oob.
+std::string run_and_compare(const arbiter_backend_v1_t& api, arbiter_workspace* ws, const Case& c,
+                            int rank, int world_size, cudaStream_t stream, const arbiter_oob& oob,
+                            const Registered& registered = {}) {
+  std::uint64_t hash = 0;
+  std::string problem = run_case(api, ws, c, rank, world_size, stream, &hash, registered);
+  std::vector<std::uint64_t> all(world_size);
+  if (problem.empty() &&
+      oob.allgather(oob.ctx, &hash, all.data(), sizeof hash, kTimeoutMs) != ARBITER_OK) {
+    problem = std::string("oob allgather: ") + oob.last_error(oob.ctx);
+  }
+  for (int r = 1; problem.empty() && r < world_size; ++r) {
+    if (all[r] != all[0]) problem = "rank " + std::to_string(r) + "'s bits differ";
+  }
+  return problem;
 }
 
 // Whether the module on this machine cannot do what the test asks, for a
@@ -312,6 +352,66 @@ std::string create(const Options& o, const RankSetup& r, const arbiter_oob& oob,
   return "";
 }
 
+// Registered calls (ABI v2) on the bf16 workspace `ws`: one-shot and
+// two-shot, plain and residual + RMSNorm, in place too, with the input in
+// the first or the second of two 1 MiB allocations (at another offset), then
+// in an allocation made after the first was freed. Counts cases in `ran`.
+std::string registered_phase(const RankSetup& setup, arbiter_workspace* ws, int rank,
+                             int world_size, const arbiter_oob& oob, int* ran) {
+  const arbiter_backend_memory_v2_t* memory = setup.module->memory();
+  const arbiter_backend_v1_t& api = setup.api();
+  constexpr std::uint64_t kPart = std::uint64_t{1} << 20;
+  void* parts[2] = {nullptr, nullptr};
+  for (void*& part : parts) {
+    if (const std::int32_t s = memory->alloc(ws, kPart, &part); s != ARBITER_OK) {
+      return "registered alloc: status " + std::to_string(s) + ": " + api.last_error();
+    }
+  }
+  auto run_all = [&](std::byte* input, const char* where) -> std::string {
+    for (arbiter_pattern pattern : {ARBITER_PATTERN_ALLREDUCE, ARBITER_PATTERN_RESIDUAL_RMSNORM}) {
+      for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
+        for (std::uint32_t tokens : {1u, 33u}) {
+          if (algorithm == ARBITER_ALGORITHM_TWOSHOT && tokens < std::uint32_t(world_size))
+            continue;
+          for (bool in_place : {false, true}) {
+            if (in_place && pattern == ARBITER_PATTERN_ALLREDUCE) continue;
+            const Case c{ARBITER_DTYPE_BF16, pattern, algorithm, tokens, 2880u, false};
+            const std::string problem = run_and_compare(api, ws, c, rank, world_size, setup.stream,
+                                                        oob, Registered{memory, input, in_place});
+            if (!problem.empty()) {
+              return std::string("registered (") + where + (in_place ? ", in place" : "") + ") " +
+                     c.name() + ": " + problem;
+            }
+            ++*ran;
+          }
+        }
+      }
+    }
+    return "";
+  };
+  std::string problem = run_all(static_cast<std::byte*>(parts[0]), "first allocation");
+  if (problem.empty()) {
+    problem = run_all(static_cast<std::byte*>(parts[1]) + 4096, "second allocation, offset 4096");
+  }
+  if (!problem.empty()) return problem;
+  // Free the first; the next alloc reclaims it on every rank.
+  if (const std::int32_t s = memory->free(ws, parts[0]); s != ARBITER_OK) {
+    return "registered free: status " + std::to_string(s) + ": " + api.last_error();
+  }
+  void* after = nullptr;
+  if (const std::int32_t s = memory->alloc(ws, kPart, &after); s != ARBITER_OK) {
+    return "registered alloc after a free: status " + std::to_string(s) + ": " + api.last_error();
+  }
+  problem = run_all(static_cast<std::byte*>(after), "allocated after a free");
+  if (!problem.empty()) return problem;
+  for (void* part : {parts[1], after}) {
+    if (const std::int32_t s = memory->free(ws, part); s != ARBITER_OK) {
+      return "registered free: status " + std::to_string(s) + ": " + api.last_error();
+    }
+  }
+  return "";
+}
+
 // One rank: every case of every dtype, each in its own workspace per dtype.
 std::string rank_body(const Options& o, int rank, int world_size, int local_rank,
                       const arbiter_oob& oob) {
@@ -343,16 +443,7 @@ std::string rank_body(const Options& o, int rank, int world_size, int local_rank
             continue;
           for (std::uint32_t hidden : {1024u, 2880u}) {
             const Case c{dtype, pattern, algorithm, tokens, hidden, (tokens + hidden) % 3 == 0};
-            std::uint64_t hash = 0;
-            problem = run_case(api, ws, c, rank, world_size, stream, &hash);
-            std::vector<std::uint64_t> all(world_size);
-            if (problem.empty() &&
-                oob.allgather(oob.ctx, &hash, all.data(), sizeof hash, kTimeoutMs) != ARBITER_OK) {
-              problem = std::string("oob allgather: ") + oob.last_error(oob.ctx);
-            }
-            for (int r = 1; problem.empty() && r < world_size; ++r) {
-              if (all[r] != all[0]) problem = "rank " + std::to_string(r) + "'s bits differ";
-            }
+            problem = run_and_compare(api, ws, c, rank, world_size, stream, oob);
             if (!problem.empty()) {
               problem = c.name() + ": " + problem;
               break;
@@ -364,6 +455,9 @@ std::string rank_body(const Options& o, int rank, int world_size, int local_rank
         if (!problem.empty()) break;
       }
       if (!problem.empty()) break;
+    }
+    if (problem.empty() && dtype == ARBITER_DTYPE_BF16 && setup.module->memory() != nullptr) {
+      problem = registered_phase(setup, ws, rank, world_size, oob, &ran);
     }
     // A failed call may have left peers' kernels waiting: exit without the
     // collective teardown, the parent (or launcher) collects the result.
