@@ -128,7 +128,9 @@ std::uint32_t cgroup_cpu_limit(const std::string& root, const std::string& self_
     if (cpus > 0 && (lowest == 0 || cpus < lowest)) lowest = cpus;
   }
   if (lowest == 0) return 0;
-  return std::max<std::uint32_t>(1, static_cast<std::uint32_t>(std::floor(lowest)));
+  // At least one CPU; at most what a 32-bit count holds (a quota far above
+  // any host is as good as none).
+  return static_cast<std::uint32_t>(std::clamp(std::floor(lowest), 1.0, 4294967295.0));
 }
 
 std::uint32_t own_cgroup_cpu_limit() {

@@ -137,6 +137,9 @@ BOOST_AUTO_TEST_CASE(v2_takes_the_lowest_limit_on_the_path_to_the_root) {
   BOOST_TEST(cg.limit("0::/job/step\n") == 2u);  // 2.5 CPUs, rounded down
   cg.write("job/step/cpu.max", "50000 100000\n");
   BOOST_TEST(cg.limit("0::/job/step\n") == 1u);  // half a CPU: at least one
+  cg.write("job/cpu.max", "max 100000\n");
+  cg.write("job/step/cpu.max", "999999999999999 1000\n");  // far above any host
+  BOOST_TEST(cg.limit("0::/job/step\n") == 4294967295u);
 }
 
 BOOST_AUTO_TEST_CASE(v2_without_a_quota_or_any_file_has_no_limit) {
