@@ -96,11 +96,12 @@ bool to_request(const arbiter_request* in, arbiter::Request& r) {
 }
 
 bool to_request(const arbiter_request_ex* in, arbiter::Request& r) {
-  constexpr std::size_t kFirstField = offsetof(arbiter_request_ex, buffers_registered);
-  if (in->size < kFirstField + sizeof(in->buffers_registered) ||
-      in->size > sizeof(arbiter_request_ex)) {
+  // The first version's size (through buffers_registered) up to this one's.
+  constexpr std::size_t kSmallest =
+      offsetof(arbiter_request_ex, buffers_registered) + sizeof(in->buffers_registered);
+  if (in->size < kSmallest || in->size > sizeof(arbiter_request_ex)) {
     g_last_error = "arbiter_request_ex.size is " + std::to_string(in->size) +
-                   "; this library knows sizes " + std::to_string(kFirstField + 4) + " to " +
+                   "; this library knows sizes " + std::to_string(kSmallest) + " to " +
                    std::to_string(sizeof(arbiter_request_ex)) +
                    " (set it to sizeof(arbiter_request_ex); a larger one comes from a newer "
                    "arbiter.h than this library)";

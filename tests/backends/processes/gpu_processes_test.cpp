@@ -361,10 +361,13 @@ std::string registered_phase(const RankSetup& setup, arbiter_workspace* ws, int 
   const arbiter_backend_memory_v2_t* memory = setup.module->memory();
   const arbiter_backend_v1_t& api = setup.api();
   constexpr std::uint64_t kPart = std::uint64_t{1} << 20;
+  auto failed = [&](const char* what, std::int32_t status) {
+    return std::string(what) + ": status " + std::to_string(status) + ": " + api.last_error();
+  };
   void* parts[2] = {nullptr, nullptr};
   for (void*& part : parts) {
     if (const std::int32_t s = memory->alloc(ws, kPart, &part); s != ARBITER_OK) {
-      return "registered alloc: status " + std::to_string(s) + ": " + api.last_error();
+      return failed("registered alloc", s);
     }
   }
   auto run_all = [&](std::byte* input, const char* where) -> std::string {
@@ -396,17 +399,17 @@ std::string registered_phase(const RankSetup& setup, arbiter_workspace* ws, int 
   if (!problem.empty()) return problem;
   // Free the first; the next alloc reclaims it on every rank.
   if (const std::int32_t s = memory->free(ws, parts[0]); s != ARBITER_OK) {
-    return "registered free: status " + std::to_string(s) + ": " + api.last_error();
+    return failed("registered free", s);
   }
   void* after = nullptr;
   if (const std::int32_t s = memory->alloc(ws, kPart, &after); s != ARBITER_OK) {
-    return "registered alloc after a free: status " + std::to_string(s) + ": " + api.last_error();
+    return failed("registered alloc after a free", s);
   }
   problem = run_all(static_cast<std::byte*>(after), "allocated after a free");
   if (!problem.empty()) return problem;
   for (void* part : {parts[1], after}) {
     if (const std::int32_t s = memory->free(ws, part); s != ARBITER_OK) {
-      return "registered free: status " + std::to_string(s) + ": " + api.last_error();
+      return failed("registered free", s);
     }
   }
   return "";
