@@ -27,7 +27,7 @@ Status choose_owners_from(const char* request, std::uint64_t* out) {
     return {ARBITER_INVALID_ARGUMENT,
             "ARBITER_SHM_OWNERS_FROM='" + text +
                 "' is not a size; give bytes per rank, with KiB or MiB if you like "
-                "(4MiB is the default, 0 takes the owners' path at every size), or unset it"};
+                "(64KiB is the default, 0 takes the owners' path at every size), or unset it"};
   }
   *out = value << shift;
   return {};

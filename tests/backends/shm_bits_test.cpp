@@ -645,7 +645,7 @@ BOOST_AUTO_TEST_CASE(the_owners_path_starts_at_its_threshold_on_every_rank) {
     return problem;
   };
   BOOST_TEST_REQUIRE(bytes >= 1024u);
-  // "": unset (the default, 4 MiB: staged); just above this call; at it
+  // "": unset (the default, 64 KiB, above this call: staged); just above this call; at it
   // (inclusive); with a unit.
   const std::pair<std::string, bool> settings[] = {{"", false},
                                                    {std::to_string(bytes + 2), false},
@@ -665,6 +665,59 @@ BOOST_AUTO_TEST_CASE(the_owners_path_starts_at_its_threshold_on_every_rank) {
   setenv("ARBITER_SHM_OWNERS_FROM", "4 MiB", 1);
   expect_refusal(ARBITER_INVALID_ARGUMENT, "ARBITER_SHM_OWNERS_FROM='4 MiB' is not a size");
   unsetenv("ARBITER_SHM_OWNERS_FROM");
+}
+
+// Unset, the owners' path starts at 64 KiB per rank (owners_threshold.h has
+// the measurements), seen as above: with outputs registered on rank 0 only,
+// a call one token short of 64 KiB is staged and succeeds on every rank, and
+// a call of 64 KiB is refused on every rank.
+BOOST_AUTO_TEST_CASE(by_default_the_owners_path_starts_at_64_KiB) {
+  constexpr std::uint32_t kRowElements = 1024;  // bf16: 2 KiB a token
+  constexpr std::uint32_t kAtThreshold = 32;
+  constexpr std::size_t kRowBytes = std::size_t{kRowElements} * 2;
+  static_assert(kAtThreshold * kRowBytes == 64 * 1024);
+  unsetenv("ARBITER_SHM_OWNERS_FROM");
+  for (const std::uint32_t tokens : {kAtThreshold - 1, kAtThreshold}) {
+    BOOST_TEST_CONTEXT(tokens << " tokens") {
+      run_group(2, [&](int rank, const arbiter_oob& oob) -> std::string {
+        const std::size_t bytes = tokens * kRowBytes;
+        const arbiter_workspace_spec spec = make_spec(oob, ARBITER_DTYPE_BF16, bytes);
+        arbiter_workspace* workspace = nullptr;
+        if (shm().workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+          return std::string("workspace_create: ") + shm().last_error();
+        }
+        void* area = nullptr;
+        if (shm_memory().alloc(workspace, 3 * bytes, &area) != ARBITER_OK) {
+          shm().workspace_destroy(workspace);
+          return std::string("alloc: ") + shm().last_error();
+        }
+        auto* const registered = static_cast<std::byte*>(area);
+        const std::uint16_t one = 0x3F80;  // bf16 1.0
+        for (std::size_t i = 0; i < bytes / 2; ++i) std::memcpy(registered + 2 * i, &one, 2);
+        const std::vector<std::uint16_t> residual(bytes / 2, 0), gamma(kRowElements, one);
+        std::vector<std::uint16_t> residual_out(bytes / 2), norm_out(bytes / 2);
+        arbiter_allreduce_args a = allreduce_args(ARBITER_DTYPE_BF16, ARBITER_ALGORITHM_TWOSHOT,
+                                                  tokens, kRowElements, registered, nullptr);
+        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+        a.flags = ARBITER_RUN_RESIDUAL_REPLICATED;
+        a.residual_in = residual.data();
+        a.gamma = gamma.data();
+        a.eps = 1e-6f;
+        a.residual_out = rank == 0 ? static_cast<void*>(registered + bytes) : residual_out.data();
+        a.norm_out = rank == 0 ? static_cast<void*>(registered + 2 * bytes) : norm_out.data();
+        const std::int32_t status = shm_memory().run_registered(workspace, &a, nullptr);
+        const std::string error = status == ARBITER_OK ? "" : shm().last_error();
+        shm_memory().free(workspace, area);
+        shm().workspace_destroy(workspace);
+        if (tokens < kAtThreshold) {
+          return status == ARBITER_OK ? "" : "refused below 64 KiB: " + error;
+        }
+        if (status == ARBITER_OK) return "accepted outputs registered on rank 0 only at 64 KiB";
+        return error.find("outputs' memory") == std::string::npos ? "unclear refusal: " + error
+                                                                  : "";
+      });
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(each_probe_token_tells_its_wrong_order_from_the_reference) {

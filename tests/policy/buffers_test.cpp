@@ -45,7 +45,7 @@ void check(const Policy& p, const Request& r, Algorithm algorithm, std::uint64_t
 }  // namespace
 
 // The defaults: shm one-shot for registered residual_rmsnorm calls to 16 MiB
-// at 2 ranks and 2 MiB at 4, and with a replicated residual to 512 KiB at 2
+// at 2 ranks and 2 MiB at 4, and with a replicated residual to 256 KiB at 2
 // ranks (measured); other calls keep the threshold.
 BOOST_AUTO_TEST_CASE(the_default_tables_run_registered_calls_one_shot_where_measured) {
   const Policy p = Policy::load_or_throw(LoadOptions{});
@@ -59,12 +59,12 @@ BOOST_AUTO_TEST_CASE(the_default_tables_run_registered_calls_one_shot_where_meas
   check(p, cpu(2, 128 * kKiB + 2, false), Algorithm::kTwoshot, 64 * kMiB);
   // Not measured: other patterns keep it too.
   check(p, cpu(2, 1 * kMiB, true, Pattern::kAllreduce), Algorithm::kTwoshot, 64 * kMiB);
-  // A replicated residual in registered buffers: one-shot to 512 KiB at 2
+  // A replicated residual in registered buffers: one-shot to 256 KiB at 2
   // ranks; at 4, the threshold (64 KiB per rank).
-  Request replicated = cpu(2, 512 * kKiB, true);
+  Request replicated = cpu(2, 256 * kKiB, true);
   replicated.residual_replicated = true;
   check(p, replicated, Algorithm::kOneshot, 64 * kMiB);
-  replicated.message_bytes = 512 * kKiB + 2;
+  replicated.message_bytes = 256 * kKiB + 2;
   check(p, replicated, Algorithm::kTwoshot, 64 * kMiB);
   replicated.world_size = 4;
   replicated.message_bytes = 64 * kKiB + 4;
