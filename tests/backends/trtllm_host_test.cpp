@@ -145,6 +145,24 @@ BOOST_AUTO_TEST_CASE(workspace_regions_are_aligned_contiguous_and_sum_to_the_tot
   }
 }
 
+// The workspace is one cudaMalloc shared through CUDA IPC, which shares the
+// whole block a small allocation was carved from: it takes the total rounded
+// up to 2 MiB, small layouts included, and the footprint reports that.
+BOOST_AUTO_TEST_CASE(the_allocation_is_the_total_rounded_up_to_2_MiB) {
+  for (const int ws : kWorldSizes) {
+    for (const std::uint64_t message :
+         {std::uint64_t{256}, std::uint64_t{40 * 1024 + 8}, 3 * kMiB + 40}) {
+      BOOST_TEST_CONTEXT("ws " << ws << " max message " << message) {
+        const WorkspaceLayout l = layout_or_fail(ws, message, ARBITER_DTYPE_BF16);
+        BOOST_TEST(l.allocation_bytes % (2 * kMiB) == 0u);
+        BOOST_TEST(l.allocation_bytes >= l.total_bytes);
+        BOOST_TEST(l.allocation_bytes - l.total_bytes < 2 * kMiB);
+      }
+    }
+  }
+  BOOST_TEST(layout_or_fail(2, 256, ARBITER_DTYPE_BF16).allocation_bytes == 2 * kMiB);
+}
+
 BOOST_AUTO_TEST_CASE(capacity_is_the_smaller_of_max_message_bytes_and_the_largest_call) {
   // tp 8, 2048 tokens x 7168 bf16 = 28 MiB per rank, below a 64 MiB table limit.
   const WorkspaceLayout l = layout_or_fail(8, 64 * kMiB, ARBITER_DTYPE_BF16, 2048, 7168);

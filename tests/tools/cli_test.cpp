@@ -459,6 +459,7 @@ BOOST_AUTO_TEST_CASE(footprint_counts_three_lamport_stages_for_trtllm_without_a_
     saw_trtllm = true;
     const std::uint64_t cap = 32u << 20;
     BOOST_TEST(std::stoull(w["shared_bytes"].number) >= 3 * 4 * cap + 2 * cap);
+    BOOST_TEST(std::stoull(w["shared_bytes"].number) % (2u << 20) == 0u);  // the IPC granule
     BOOST_TEST(w["largest_call_bytes"]["oneshot"].number == std::to_string(cap));
     BOOST_TEST(w["largest_call_bytes"]["native"].number == "0");
   }

@@ -26,12 +26,9 @@ constexpr std::size_t kReasonBytes = 240;
 // Freed allocations past it are freed with the workspace.
 constexpr std::size_t kTrackedAllocations = 4096;
 constexpr std::uint64_t kMaxPartBytes = std::uint64_t{1} << 40;  // key() keeps offsets in 40 bits
-// cudaMalloc may carve a small allocation out of a larger block, and CUDA IPC
-// then shares the whole block (the CUDA programming guide's IPC section: share
-// only allocations of a 2 MiB-aligned size). Each part is rounded up to it,
-// so a peer's mapping holds this part alone and a second part never shares a
-// block another process has opened already.
-constexpr std::uint64_t kIpcGranule = std::uint64_t{2} << 20;
+// Each part is rounded up to kIpcGranule (workspace_layout.h), so a peer's
+// mapping holds this part alone and a second part never shares a block
+// another process has opened already.
 
 struct AllocHello {
   std::int32_t status;
@@ -102,7 +99,7 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   if (status.ok()) report_freed(mine.freed);
   void* base = nullptr;
   if (status.ok()) {
-    const std::uint64_t reserved = (bytes + kIpcGranule - 1) / kIpcGranule * kIpcGranule;
+    const std::uint64_t reserved = common::round_up(bytes, kIpcGranule);  // bytes <= 1 TiB
     if (cudaError_t e = cudaMalloc(&base, reserved); e != cudaSuccess) {
       cudaGetLastError();
       base = nullptr;

@@ -65,6 +65,11 @@ inline constexpr std::uint64_t kSlotAlignment = 128;
 // Grid blocks the barrier flags have room for: the launch configuration
 // never exceeds it.
 using common::kMaxGridBlocks;
+// What one cudaMalloc shared through CUDA IPC is rounded up to: cudaMalloc
+// may carve a small allocation out of a larger block, and CUDA IPC then
+// shares the whole block, neighbours included (the CUDA programming guide's
+// IPC section: share only allocations of a 2 MiB-aligned size).
+inline constexpr std::uint64_t kIpcGranule = std::uint64_t{2} << 20;
 // One slot's largest size: vector indices within a slot fit in 32 bits.
 inline constexpr std::uint64_t kMaxSlotBytes = std::uint64_t{1} << 32;
 // World sizes the kernels are instantiated for.
@@ -101,6 +106,9 @@ struct WorkspaceLayout {
   std::uint64_t registered_flags_offset = 0;
   std::uint64_t registered_flags_bytes = 0;
   std::uint64_t total_bytes = 0;  // sum of the regions (all 128-byte multiples)
+  // What the workspace's one cudaMalloc takes: total_bytes rounded up to
+  // kIpcGranule, so that peers' IPC mappings hold this allocation alone.
+  std::uint64_t allocation_bytes = 0;
 
   ARBITER_HD constexpr std::uint64_t stage_offset(std::uint32_t stage) const {
     return oneshot_offset + stage * stage_bytes;
@@ -180,7 +188,8 @@ ARBITER_HD constexpr LayoutError compute_workspace_layout(
   }
   layout.registered_flags_bytes = detail::round_up(kMaxGridBlocks * ranks * 16, kSlotAlignment);
   if (!checked_add(layout.registered_flags_offset, layout.registered_flags_bytes,
-                   &layout.total_bytes)) {
+                   &layout.total_bytes) ||
+      !common::checked_round_up(layout.total_bytes, kIpcGranule, &layout.allocation_bytes)) {
     return LayoutError::kOverflow;
   }
   *out = layout;
