@@ -4,21 +4,21 @@
 #pragma once
 
 #include <mpi.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
+
+#include "arbiter/bootstrap.h"
 
 namespace arbiter_bench {
 
 // Under `mpirun -np N`, gives the arbiter bootstrap its torchrun-style
 // variables from Open MPI's (OMPI_COMM_WORLD_*), with a port rank 0 found
-// free and broadcast over MPI; variables already set are kept (a run under
-// `arbiter launch` needs none of this). Call after MPI_Init.
+// free (arbiter::free_bootstrap_port) and broadcast over MPI; variables already set are kept (a run
+// under `arbiter launch` needs none of this). Call after MPI_Init.
 inline void rendezvous_from_mpi() {
   if (std::getenv("RANK") != nullptr) return;
   int rank = 0, size = 1;
@@ -26,17 +26,11 @@ inline void rendezvous_from_mpi() {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int port = 0;
   if (rank == 0) {
-    // A port the kernel picks is free now; rank 0 binds it again at once.
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-      port = ntohs(address.sin_port);
+    try {
+      port = arbiter::free_bootstrap_port();
+    } catch (const std::exception&) {
+      port = 0;  // every rank aborts below
     }
-    if (fd >= 0) close(fd);
   }
   MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (port == 0) {

@@ -1,15 +1,12 @@
 // arbiter launch: start N local ranks with torchrun's environment, stream
 // their output line by line prefixed with the rank, and stop them all when
 // one fails or the time is up.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "arbiter/bootstrap.h"
 #include "cli.h"
 #include "cpu_affinity.h"
 
@@ -114,24 +112,6 @@ double seconds_flag(const po::variables_map& vm, const char* flag, bool allow_ze
                      (allow_zero ? " >= 0" : " > 0")};
   }
   return value;
-}
-
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t length = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
-    const std::string error = std::strerror(errno);
-    if (fd >= 0) ::close(fd);
-    throw std::runtime_error("cannot find a free port on 127.0.0.1: " + error +
-                             " (hint: pass --port P)");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 std::string random_token() {
@@ -583,7 +563,7 @@ int cmd_launch(const Args& args) {
     }
     std::cerr << "arbiter launch: ranks pinned to CPUs (rank:cpu) " << text << "\n";
   }
-  if (port == 0) port = free_port();
+  if (port == 0) port = free_bootstrap_port();
   return Launcher(nproc, std::move(program), timeout, grace, port, std::move(cpus)).run();
 }
 

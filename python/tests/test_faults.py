@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -37,6 +38,22 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(arbiter.__file_
 
 
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range, as `arbiter launch`
+    picks (arbiter::free_bootstrap_port): a port the kernel picked may be
+    taken by an outgoing connection before rank 0 listens on it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = list(range(10000, low)) if low > 10001 else []
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -2,9 +2,14 @@
 // under torchrun or `arbiter launch`, and the errors it gets when a variable
 // is missing or wrong. Also a world of one rank, which needs no network.
 #define BOOST_TEST_MODULE runtime_bootstrap_env
-#include <boost/test/unit_test.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -203,4 +208,28 @@ BOOST_AUTO_TEST_CASE(invalid_options_are_refused_before_any_network) {
     return e.code() == ARBITER_UNAVAILABLE &&
            contains(e.what(), "MASTER_ADDR='no-such-host.invalid' does not resolve");
   });
+}
+
+// A launcher's MASTER_PORT lies below the kernel's ephemeral range, where no
+// outgoing connection or bind to port 0 can take it before rank 0 listens
+// (a port the kernel picked was taken so in the fault suite), and it is free.
+BOOST_AUTO_TEST_CASE(a_launchers_port_is_free_and_below_the_ephemeral_range) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  unsigned low = 32768, high = 60999;
+  range >> low >> high;
+  for (int k = 0; k < 20; ++k) {
+    const std::uint16_t port = arbiter::free_bootstrap_port();
+    if (low > 10001) {
+      BOOST_TEST(port >= 10000u);
+      BOOST_TEST(port < low);
+    }
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    BOOST_TEST(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0,
+               "port " << port);
+    ::close(fd);
+  }
 }

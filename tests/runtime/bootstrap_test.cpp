@@ -12,6 +12,7 @@
 #include <chrono>
 #include <string>
 
+#include "arbiter/bootstrap.h"
 #include "run_command.h"
 
 using namespace arbiter::test;
@@ -52,18 +53,6 @@ bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 // A port nobody uses right now.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  BOOST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  BOOST_REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 void expect_all_ok(const Run& run, int ranks) {
   BOOST_TEST(run.result.exit_code == 0, run.result.output);
   for (int r = 0; r < ranks; ++r) {
@@ -158,7 +147,7 @@ BOOST_AUTO_TEST_CASE(a_rank_late_for_a_collective_is_named) {
 }
 
 BOOST_AUTO_TEST_CASE(a_stranger_without_the_token_is_refused_and_the_job_completes) {
-  const int port = free_port();
+  const int port = arbiter::free_bootstrap_port();
   // The stranger claims rank 1 of a 2-rank job on the job's port; the real
   // rank 1 comes late, so the stranger reaches rank 0 first.
   const std::string stranger =
@@ -189,10 +178,10 @@ BOOST_AUTO_TEST_CASE(a_taken_rank_and_another_world_size_are_refused_even_with_t
   // Started by hand with a known token: ranks 0 and 1 of a 3-rank job, a
   // second "rank 1", a rank of a 4-rank job, and the real rank 2, which comes
   // last so that rank 0 is still waiting when the others knock.
-  const std::string common =
-      "WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
-      " ARBITER_JOB_TOKEN=t0k UCX_TLS=tcp,self UCX_NET_DEVICES=lo "
-      "ARBITER_BOOTSTRAP_TIMEOUT=20 ";
+  const std::string common = "WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                             std::to_string(arbiter::free_bootstrap_port()) +
+                             " ARBITER_JOB_TOKEN=t0k UCX_TLS=tcp,self UCX_NET_DEVICES=lo "
+                             "ARBITER_BOOTSTRAP_TIMEOUT=20 ";
   auto rank = [&](const std::string& env, const std::string& tag, const std::string& args) {
     return "(" + clean_env(common + env) + kRank + " --iterations 1 " + args +
            "; echo exit $?) 2>&1 | sed 's/^/" + tag + ": /' & ";

@@ -86,6 +86,16 @@ BootstrapOptions bootstrap_options_from_environment(
 // The token used when ARBITER_JOB_TOKEN is absent (see above).
 std::string derive_job_token(const std::string& master_addr, std::uint16_t port, int world_size);
 
+// A TCP port of 127.0.0.1 that nothing uses now, for a launcher on this host
+// to hand its ranks as MASTER_PORT (`arbiter launch` does). It lies below
+// the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), so
+// that between this pick and rank 0's listen no outgoing connection and no
+// bind to port 0 can take it, as they can a port the kernel picked itself;
+// the search starts at a random port, so concurrent launchers rarely try the
+// same one. Falls back to the kernel's pick when that range has none free.
+// Throws BootstrapError(ARBITER_UNAVAILABLE) when no socket can be bound.
+std::uint16_t free_bootstrap_port();
+
 class Bootstrap {
  public:
   // bootstrap_options_from_environment(timeout), then connect().

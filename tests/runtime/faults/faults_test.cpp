@@ -10,8 +10,6 @@
 // matrix of calls that differ across ranks (with and without the check
 // mode), each refused on every rank.
 #define BOOST_TEST_MODULE runtime_faults
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/test/unit_test.hpp>
@@ -24,27 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "arbiter/bootstrap.h"
 #include "run_command.h"
 
 using namespace arbiter::test;
 
 namespace {
-
-// A port nobody listens on now (the kernel's pick for a bound socket).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw std::runtime_error("no free port");
-  }
-  const int port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
 
 int shm_objects() {
   int n = 0;
@@ -75,8 +58,8 @@ Run start(int ranks, const std::string& mode, const std::string& fault, int vict
     script << "env -u ARBITER_BACKENDS -u ARBITER_CHECK_CALLS ARBITER_CONFIG="
            << shell_quote(std::string(ARBITER_TEST_DATA) + "/good/cpu_cap_4mib.yaml")
            << " RANK=" << r << " WORLD_SIZE=" << ranks << " LOCAL_RANK=" << r
-           << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << free_port() << " ARBITER_JOB_TOKEN=" << token
-           << " UCX_TLS=tcp,self UCX_NET_DEVICES=lo"
+           << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << arbiter::free_bootstrap_port()
+           << " ARBITER_JOB_TOKEN=" << token << " UCX_TLS=tcp,self UCX_NET_DEVICES=lo"
            << " ARBITER_TEST_FAULT=" << shell_quote(fault) << " FAULTS_VICTIM=" << victim
            << " FAULTS_DIR=" << shell_quote(dir.string()) << " " << extra << " timeout -s KILL 90 "
            << FAULTS_RANK_BIN << " " << mode << " > out." << r << " 2>&1 & ";
@@ -84,8 +67,8 @@ Run start(int ranks, const std::string& mode, const std::string& fault, int vict
   script << "wait)";
   // Every rank needs the same MASTER_PORT: substitute one port for all.
   std::string command = script.str();
-  const int port = free_port();
-  const int survivor_port = free_port();
+  const int port = arbiter::free_bootstrap_port();
+  const int survivor_port = arbiter::free_bootstrap_port();
   command = std::regex_replace(command, std::regex("MASTER_PORT=[0-9]+"),
                                "MASTER_PORT=" + std::to_string(port) +
                                    " FAULTS_SURVIVOR_PORT=" + std::to_string(survivor_port));
