@@ -17,8 +17,9 @@ namespace arbiter_bench {
 
 // Under `mpirun -np N`, gives the arbiter bootstrap its torchrun-style
 // variables from Open MPI's (OMPI_COMM_WORLD_*), with a port rank 0 found
-// free (arbiter::free_bootstrap_port) and broadcast over MPI; variables already set are kept (a run
-// under `arbiter launch` needs none of this). Call after MPI_Init.
+// free (arbiter::free_bootstrap_port) and broadcast over MPI; variables
+// already set are kept (a run under `arbiter launch` needs none of this).
+// Call after MPI_Init.
 inline void rendezvous_from_mpi() {
   if (std::getenv("RANK") != nullptr) return;
   int rank = 0, size = 1;
