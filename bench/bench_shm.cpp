@@ -513,7 +513,7 @@ int main(int argc, char** argv) {
   spec.max_message_bytes = opt.to;
   spec.timeout_ms = 60000;
   // registered_twoshot_owners times the owners' path at every size (the
-  // module's default starts it at 4 MiB); the other methods register no
+  // module's default starts it at 64 KiB); the other methods register no
   // outputs, so the setting does not touch them.
   setenv("ARBITER_SHM_OWNERS_FROM", "0", /*overwrite=*/0);
   arbiter_workspace* ws = nullptr;

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
@@ -29,7 +30,8 @@ inline void rendezvous_from_mpi() {
   if (rank == 0) {
     try {
       port = arbiter::free_bootstrap_port();
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "arbiter-bench-shm-mpi: %s\n", e.what());
       port = 0;  // every rank aborts below
     }
   }

@@ -47,7 +47,7 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         low = 32768
     candidates = list(range(10000, low)) if low > 10001 else []
-    for port in random.sample(candidates, min(64, len(candidates))):
+    for port in random.SystemRandom().sample(candidates, min(64, len(candidates))):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

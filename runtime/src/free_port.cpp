@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -60,7 +62,14 @@ std::uint16_t free_bootstrap_port() {
     const std::uint32_t count = end - kLowestPort;
     std::uint32_t start = 0;
     if (getrandom(&start, sizeof start, GRND_NONBLOCK) != sizeof start) {
-      start = static_cast<std::uint32_t>(::getpid()) * 2654435761u;
+      // No entropy yet: the process, the clock and a count of calls, so
+      // that two calls of one process still start apart.
+      static std::atomic<std::uint32_t> calls{0};
+      const auto now =
+          static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      const std::uint32_t mixed =
+          (static_cast<std::uint32_t>(::getpid()) + calls.fetch_add(1) * 7919u) * 2654435761u;
+      start = mixed ^ static_cast<std::uint32_t>(now ^ (now >> 32));
     }
     // At most 64 tries: a host with that many neighbours busy is unusual,
     // and the kernel's pick below still works there.

@@ -481,8 +481,9 @@ void expect_refusal(std::int32_t code, const std::string& words) {
 
 BOOST_AUTO_TEST_CASE(every_level_and_algorithm_gives_the_baseline_bits_on_special_values) {
   // Registered outputs of replicated two-shot calls: the owners' path at
-  // every size on every level, then staged (the default threshold is far
-  // above these calls).
+  // every size on every level, then staged (the default threshold, 64 KiB,
+  // is above these calls: checked below).
+  static_assert(std::size_t{kTokens} * kHidden * 4 < 64 * 1024);
   setenv("ARBITER_SHM_OWNERS_FROM", "0", 1);
   for (const std::string level : {"scalar", "avx2", "avx512", "avx512bf16", "auto"}) {
     BOOST_TEST_CONTEXT("ARBITER_SHM_ISA=" << level) {
@@ -645,6 +646,7 @@ BOOST_AUTO_TEST_CASE(the_owners_path_starts_at_its_threshold_on_every_rank) {
     return problem;
   };
   BOOST_TEST_REQUIRE(bytes >= 1024u);
+  BOOST_TEST_REQUIRE(bytes < 64u * 1024);  // unset: below the default threshold
   // "": unset (the default, 64 KiB, above this call: staged); just above this call; at it
   // (inclusive); with a unit.
   const std::pair<std::string, bool> settings[] = {{"", false},

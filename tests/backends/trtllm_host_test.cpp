@@ -147,7 +147,8 @@ BOOST_AUTO_TEST_CASE(workspace_regions_are_aligned_contiguous_and_sum_to_the_tot
 
 // The workspace is one cudaMalloc shared through CUDA IPC, which shares the
 // whole block a small allocation was carved from: it takes the total rounded
-// up to 2 MiB, small layouts included, and the footprint reports that.
+// up to 2 MiB, small layouts included (the footprint reports this figure:
+// cli_test's footprint_counts_three_lamport_stages_for_trtllm_without_a_gpu).
 BOOST_AUTO_TEST_CASE(the_allocation_is_the_total_rounded_up_to_2_MiB) {
   for (const int ws : kWorldSizes) {
     for (const std::uint64_t message :

@@ -52,7 +52,6 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// A port nobody uses right now.
 void expect_all_ok(const Run& run, int ranks) {
   BOOST_TEST(run.result.exit_code == 0, run.result.output);
   for (int r = 0; r < ranks; ++r) {

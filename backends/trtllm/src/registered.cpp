@@ -26,9 +26,6 @@ constexpr std::size_t kReasonBytes = 240;
 // Freed allocations past it are freed with the workspace.
 constexpr std::size_t kTrackedAllocations = 4096;
 constexpr std::uint64_t kMaxPartBytes = std::uint64_t{1} << 40;  // key() keeps offsets in 40 bits
-// Each part is rounded up to kIpcGranule (workspace_layout.h), so a peer's
-// mapping holds this part alone and a second part never shares a block
-// another process has opened already.
 
 struct AllocHello {
   std::int32_t status;
@@ -99,7 +96,10 @@ Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t by
   if (status.ok()) report_freed(mine.freed);
   void* base = nullptr;
   if (status.ok()) {
-    const std::uint64_t reserved = common::round_up(bytes, kIpcGranule);  // bytes <= 1 TiB
+    // Rounded up to kIpcGranule (workspace_layout.h), so a peer's mapping
+    // holds this part alone and a second part never shares a block another
+    // process has opened already (bytes <= 1 TiB: no overflow).
+    const std::uint64_t reserved = common::round_up(bytes, kIpcGranule);
     if (cudaError_t e = cudaMalloc(&base, reserved); e != cudaSuccess) {
       cudaGetLastError();
       base = nullptr;

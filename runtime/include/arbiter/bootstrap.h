@@ -92,7 +92,8 @@ std::string derive_job_token(const std::string& master_addr, std::uint16_t port,
 // that between this pick and rank 0's listen no outgoing connection and no
 // bind to port 0 can take it, as they can a port the kernel picked itself;
 // the search starts at a random port, so concurrent launchers rarely try the
-// same one. Falls back to the kernel's pick when that range has none free.
+// same one. Falls back to the kernel's pick when 64 ports in a row there are
+// taken, or when the range starts at 10001 or lower (nothing to search).
 // Throws BootstrapError(ARBITER_UNAVAILABLE) when no socket can be bound.
 std::uint16_t free_bootstrap_port();
 

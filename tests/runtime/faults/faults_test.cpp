@@ -58,7 +58,7 @@ Run start(int ranks, const std::string& mode, const std::string& fault, int vict
     script << "env -u ARBITER_BACKENDS -u ARBITER_CHECK_CALLS ARBITER_CONFIG="
            << shell_quote(std::string(ARBITER_TEST_DATA) + "/good/cpu_cap_4mib.yaml")
            << " RANK=" << r << " WORLD_SIZE=" << ranks << " LOCAL_RANK=" << r
-           << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << arbiter::free_bootstrap_port()
+           << " MASTER_ADDR=127.0.0.1 MASTER_PORT=0"
            << " ARBITER_JOB_TOKEN=" << token << " UCX_TLS=tcp,self UCX_NET_DEVICES=lo"
            << " ARBITER_TEST_FAULT=" << shell_quote(fault) << " FAULTS_VICTIM=" << victim
            << " FAULTS_DIR=" << shell_quote(dir.string()) << " " << extra << " timeout -s KILL 90 "
@@ -68,7 +68,8 @@ Run start(int ranks, const std::string& mode, const std::string& fault, int vict
   // Every rank needs the same MASTER_PORT: substitute one port for all.
   std::string command = script.str();
   const int port = arbiter::free_bootstrap_port();
-  const int survivor_port = arbiter::free_bootstrap_port();
+  int survivor_port = arbiter::free_bootstrap_port();
+  while (survivor_port == port) survivor_port = arbiter::free_bootstrap_port();
   command = std::regex_replace(command, std::regex("MASTER_PORT=[0-9]+"),
                                "MASTER_PORT=" + std::to_string(port) +
                                    " FAULTS_SURVIVOR_PORT=" + std::to_string(survivor_port));
