@@ -180,7 +180,7 @@ struct Module {
     // One cudaMalloc that every peer maps through CUDA IPC: 3 Lamport
     // stages of world size x slot, the two-shot scratch, flags, control,
     // rounded up to 2 MiB (kIpcGranule).
-    f.shared_bytes = layout.value().allocation_bytes;
+    f.shared_bytes = layout.value().allocation_bytes();
     f.host_bytes = sizeof(std::uint32_t);  // the host-mapped abort flag
     for (int a = 0; a < ARBITER_ALGORITHM_COUNT; ++a) {
       f.max_message_bytes[a] = per_call_capacity(layout.value(), static_cast<arbiter_algorithm>(a));

@@ -76,11 +76,11 @@ Status prepare(const arbiter_workspace_spec& spec, arbiter_workspace& ws, Hello&
   }
 
   void* base = nullptr;
-  if (cudaError_t e = cudaMalloc(&base, ws.layout.allocation_bytes); e != cudaSuccess) {
+  if (cudaError_t e = cudaMalloc(&base, ws.layout.allocation_bytes()); e != cudaSuccess) {
     cudaGetLastError();
     return Status(
         ARBITER_UNAVAILABLE,
-        cuda_message("cudaMalloc(" + std::to_string(ws.layout.allocation_bytes) +
+        cuda_message("cudaMalloc(" + std::to_string(ws.layout.allocation_bytes()) +
                          " bytes: 3 one-shot stages x " + std::to_string(ws.layout.world_size) +
                          " slots of " + std::to_string(ws.layout.slot_bytes) +
                          " bytes + two-shot scratch, rounded up to 2 MiB); lower "

@@ -106,9 +106,13 @@ struct WorkspaceLayout {
   std::uint64_t registered_flags_offset = 0;
   std::uint64_t registered_flags_bytes = 0;
   std::uint64_t total_bytes = 0;  // sum of the regions (all 128-byte multiples)
+
   // What the workspace's one cudaMalloc takes: total_bytes rounded up to
-  // kIpcGranule, so that peers' IPC mappings hold this allocation alone.
-  std::uint64_t allocation_bytes = 0;
+  // kIpcGranule, so that peers' IPC mappings hold this allocation alone
+  // (compute_workspace_layout checks that it fits in 64 bits).
+  ARBITER_HD constexpr std::uint64_t allocation_bytes() const {
+    return common::round_up(total_bytes, kIpcGranule);
+  }
 
   ARBITER_HD constexpr std::uint64_t stage_offset(std::uint32_t stage) const {
     return oneshot_offset + stage * stage_bytes;
@@ -187,9 +191,10 @@ ARBITER_HD constexpr LayoutError compute_workspace_layout(
     return LayoutError::kOverflow;
   }
   layout.registered_flags_bytes = detail::round_up(kMaxGridBlocks * ranks * 16, kSlotAlignment);
+  std::uint64_t allocation = 0;  // allocation_bytes(), checked here
   if (!checked_add(layout.registered_flags_offset, layout.registered_flags_bytes,
                    &layout.total_bytes) ||
-      !common::checked_round_up(layout.total_bytes, kIpcGranule, &layout.allocation_bytes)) {
+      !common::checked_round_up(layout.total_bytes, kIpcGranule, &allocation)) {
     return LayoutError::kOverflow;
   }
   *out = layout;
