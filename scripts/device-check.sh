@@ -37,7 +37,9 @@
 #   --arch ARCH   CUDA architecture; default from nvidia-smi (9.0 -> 90a, 10.0 -> 100a,
 #                 10.3 -> 103a), else "native" (with --prebuilt: the pack's)
 #   --quick       the benchmark's short sweep
-#   --deadline S  the whole check's time limit, default 450 s (7.5 min)
+#   --deadline S  the whole check's time limit, default 450 s (7.5 min); with
+#                 --prebuilt 540 s (the whole tree's GPU tests, the wheel's and
+#                 the examples take longer: give the device tool 600)
 #   --no-sanitizer  skip the compute-sanitizer runs
 #   --jobs N      parallel build jobs, default nproc
 # Needs CUDA, CMake >= 3.25 and a C++20 compiler (with --prebuilt only ctest
@@ -56,7 +58,7 @@ sanitize=1
 out=""
 build=""
 arch=""
-deadline=450
+deadline=""
 jobs=$(nproc 2>/dev/null || echo 2)
 bench_args=()
 
@@ -78,6 +80,7 @@ while (($#)); do
   esac
   shift
 done
+[ -n "$deadline" ] || deadline=$([ -n "$prebuilt" ] && echo 540 || echo 450)
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "device-check: --deadline takes whole seconds" >&2; exit 2; }
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "device-check: --jobs takes a positive number" >&2; exit 2; }
 if [ -n "$prebuilt" ]; then
@@ -252,6 +255,13 @@ if [ -n "$prebuilt" ]; then
   while IFS= read -r line; do
     notes+=("Pack check: ${line#WARNING: }")
   done < <(grep '^WARNING: ' "$out/setup.log")
+  # pytest for the Python GPU tests (ctest's and the wheel's), from the pack
+  # when this machine's python3 has none.
+  if ! python3 -c 'import pytest' >/dev/null 2>&1 && [ -d "$prebuilt/python-libs" ]; then
+    export ARBITER_PYTEST_PATH=$prebuilt/python-libs
+    export PYTHONPATH=$ARBITER_PYTEST_PATH${PYTHONPATH:+:$PYTHONPATH}
+    notes+=("python3 here has no pytest: the pack's python-libs/ (pytest $(python3 -c 'import pytest; print(pytest.__version__)' 2>/dev/null || echo '?')) is on PYTHONPATH.")
+  fi
   if ((built && gpu_present)) && [ -n "$gpu_arch" ] && [ "$gpu_arch" != "$arch" ]; then
     echo "the pack was built for $arch; this GPU (capability $gpu_cap) needs $gpu_arch:" \
       "pack again with scripts/device-pack.sh --arch $gpu_arch" >>"$out/setup.log"

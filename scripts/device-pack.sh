@@ -19,6 +19,8 @@
 #                       and UCX inside; scripts/test-wheel.sh describes it), built in
 #                       build-device-wheel/ (kept) unless --no-wheel; --prebuilt
 #                       installs it into a venv on the device (scripts/device-wheel.sh)
+#     python-libs/      pytest and what it imports (pure Python, from PyPI, with the
+#                       wheel): the device's python3 may have torch and no pytest
 #     PACK_INFO         key=value lines: the build machine's absolute paths of the
 #                       source tree and of the build tree (the tree's ctest files,
 #                       RUNPATHs and compiled-in plugin folder name them), the
@@ -328,6 +330,28 @@ if ((wheel)); then
   mkdir -p "$pack/wheel" && cp "$wheel_build"/repaired/*.whl "$pack/wheel/" || die "wheel: copying it into the pack failed"
   wheel_file=wheel/$(basename "$pack"/wheel/*.whl)
   say "wheel: $wheel_file ($(du -h "$pack/$wheel_file" | cut -f1)) in $((SECONDS - t0))s"
+fi
+
+# ------------------------------------------------------------ pytest
+# The Python GPU tests need pytest; a bare GPU image may lack it and has no
+# registry to fetch it from. Pure-Python wheels (any Python 3.9-3.13),
+# unpacked into python-libs/: device-check.sh puts that folder on PYTHONPATH
+# when python3 there cannot import pytest. Without PyPI here: left out, with
+# a warning (those tests then skip on such a machine).
+if ((wheel)); then
+  pip_tool=$root/build-device-wheel/tools/bin/pip
+  rm -rf "$build/pytest-wheels" && mkdir -p "$build/pytest-wheels" "$pack/python-libs"
+  if "$pip_tool" download -q --no-deps --only-binary=:all: -d "$build/pytest-wheels" \
+    "pytest==8.3.5" "pluggy==1.5.0" "iniconfig==2.0.0" "packaging==24.2" \
+    >"$build/pytest-download.log" 2>&1; then
+    for w in "$build"/pytest-wheels/*.whl; do
+      python3 -m zipfile -e "$w" "$pack/python-libs/" || die "pytest: unpacking $w failed"
+    done
+    say "pytest: $(ls "$build"/pytest-wheels | tr '\n' ' ')into python-libs/"
+  else
+    rmdir "$pack/python-libs"
+    echo "WARNING: pytest could not be downloaded ($(tail -n1 "$build/pytest-download.log")): the pack has no python-libs/" >&2
+  fi
 fi
 
 # ------------------------------------------------------------ PACK_INFO

@@ -269,7 +269,7 @@ def test_two_ranks_share_one_gpu_through_the_test_mode(tmp_path, bootstrap):
 def test_the_cuda_graph_example_of_the_docs_runs(tmp_path):
     """docs/integration.md's block marked `<!-- test: cuda -->`, on one rank."""
     sys.path.insert(0, HERE)
-    from test_torch_docs import doc_program
+    from doc_blocks import doc_program
 
     program = tmp_path / "cuda_graphs.py"
     program.write_text(doc_program("cuda"))

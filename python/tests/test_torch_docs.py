@@ -6,27 +6,12 @@ marked `<!-- test: cpu -->`, in order, as one program on 2 CPU ranks under
 
 from __future__ import annotations
 
-import os
-import re
-
 import pytest
 
 pytest.importorskip("torch")
 
+from doc_blocks import doc_program  # noqa: E402
 from test_communicator import launch  # noqa: E402
-
-DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "docs",
-                   "integration.md")
-
-
-def doc_program(kind: str) -> str:
-    """The doc's python blocks marked `<!-- test: kind -->`, joined in order."""
-    with open(DOC, encoding="utf-8") as f:
-        text = f.read()
-    blocks = re.findall(r"<!-- test: (\w+) -->\n```python\n(.*?)```", text, re.S)
-    program = "\n".join(code for marker, code in blocks if marker == kind)
-    assert program, f"no block marked test: {kind} in {DOC}"
-    return program
 
 
 def test_the_cpu_blocks_of_the_pytorch_section_run_on_2_ranks(arbiter_bin, tmp_path):

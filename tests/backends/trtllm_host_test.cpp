@@ -448,6 +448,21 @@ BOOST_AUTO_TEST_CASE(a_message_above_the_per_call_capacity_is_refused_on_the_hos
   check_refused(check_call(l, &over, 90), ARBITER_UNSUPPORTED, "two-shot capacity of 1048576");
 }
 
+BOOST_AUTO_TEST_CASE(a_registered_call_above_the_capacity_passes_up_to_2_to_the_31_tokens) {
+  // Registered memory bounds the call, not the workspace; the kernels count
+  // tokens in 32 bits, so a call near 2^32 tokens is refused.
+  const WorkspaceLayout l = layout_or_fail(4, kMiB, ARBITER_DTYPE_BF16, 4096, 4096);
+  arbiter_allreduce_args a = valid_args(129, 4096, ARBITER_DTYPE_BF16);
+  BOOST_TEST(check_call(l, &a, 90, /*registered=*/true).ok());
+  a.tokens = kMaxRegisteredTokens;
+  BOOST_TEST(check_call(l, &a, 90, /*registered=*/true).ok());
+  a.tokens = kMaxRegisteredTokens + 1;
+  check_refused(check_call(l, &a, 90, /*registered=*/true), ARBITER_UNSUPPORTED,
+                "a registered call of 2147483649 tokens; at most 2147483648 per call");
+  a.tokens = 0xFFFFFFFFu;
+  check_refused(check_call(l, &a, 90, /*registered=*/true), ARBITER_UNSUPPORTED, "per call");
+}
+
 BOOST_AUTO_TEST_CASE(two_shot_needs_at_least_one_token_per_rank) {
   const WorkspaceLayout l = layout_or_fail(8, kMiB, ARBITER_DTYPE_FP16);
   arbiter_allreduce_args a = valid_args(7, 1024, ARBITER_DTYPE_FP16, ARBITER_ALGORITHM_TWOSHOT);

@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
   for (std::size_t token = blockIdx.x; token < p.tokens; token += gridDim.x) {
     const std::size_t row = token * packs;
     const Vec* sum = static_cast<const Vec*>(p.sum) + row;
-    // NULL residual_in (a first block): zeros are added, x = the sum.
+    // NULL residual_in (a first block): x is the sum itself, as in the
+    // reference (adding +0.0 would turn a -0.0 sum into +0.0).
     const Vec* residual_in =
         p.residual_in == nullptr ? nullptr : static_cast<const Vec*>(p.residual_in) + row;
     Vec* residual_out = static_cast<Vec*>(p.residual_out) + row;
@@ -137,7 +138,9 @@ __global__ void __launch_bounds__(kMaxEpilogueThreads)
         Vec x;
 #pragma unroll
         for (int k = 0; k < kPack; ++k) {
-          const float value = common::add_residual(load(s.v[k]), load(r.v[k]), kDtype);
+          const float value = residual_in != nullptr
+                                  ? common::add_residual(load(s.v[k]), load(r.v[k]), kDtype)
+                                  : load(s.v[k]);
           x.v[k] = store(value);
           squares += value * value;
         }

@@ -271,11 +271,19 @@ std::string run_and_compare(const arbiter_backend_v1_t& api, arbiter_workspace* 
 // Whether the module on this machine cannot do what the test asks, for a
 // reason it names the same on every rank (then the case is a skip).
 bool expected_refusal(const std::string& backend, std::int32_t status, const std::string& error) {
-  if (backend == "nccl") return shared_gpu();  // NCCL refuses two ranks on one GPU
+  std::string lower = error;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (backend == "nccl") {
+    // NCCL refuses two ranks on one GPU ("Duplicate GPU detected", an
+    // invalid usage); any other failure (a broken exchange, bad init
+    // arguments, a timeout) is a failure. A rank whose own init got past
+    // the check hears it from a peer (PEER_FAILED, the peer's reason).
+    return shared_gpu() && (status == ARBITER_UNAVAILABLE || status == ARBITER_PEER_FAILED) &&
+           (lower.find("invalid usage") != std::string::npos ||
+            lower.find("duplicate gpu") != std::string::npos);
+  }
   if (backend == "mnnvl") {
     // No multicast here (a single H200): mnnvl must say so, on every rank.
-    std::string lower = error;
-    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     return (status == ARBITER_UNAVAILABLE || status == ARBITER_UNSUPPORTED) &&
            lower.find("multicast") != std::string::npos;
   }

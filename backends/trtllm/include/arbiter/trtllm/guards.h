@@ -37,6 +37,10 @@ using common::kMinNvfp4Capability;
 // device's major * 10 + minor (90 for H100/H200, 100 for B200). A
 // `registered` call has no per-call capacity: one-shot reads the inputs in
 // place, and run_registered slices a two-shot call itself.
+// The most tokens one registered call may carry (copied calls are bounded
+// by the workspace's capacity, far below it).
+inline constexpr std::uint32_t kMaxRegisteredTokens = std::uint32_t{1} << 31;
+
 inline Status check_call(const WorkspaceLayout& layout, const arbiter_allreduce_args* args,
                          std::uint32_t capability, bool registered = false) {
   const auto n = [](auto v) { return std::to_string(v); };
@@ -60,6 +64,13 @@ inline Status check_call(const WorkspaceLayout& layout, const arbiter_allreduce_
   const std::uint64_t message_bytes =
       std::uint64_t{a.tokens} * a.hidden * common::dtype_size(a.dtype);  // < 2^50: hidden <= 2^16
   const std::uint64_t capacity = per_call_capacity(layout, a.algorithm);
+  // A registered call is bounded by its allocation, not the capacity; the
+  // kernels count tokens (and tokens + clusters) in 32 bits.
+  if (registered && a.tokens > kMaxRegisteredTokens) {
+    return Status(ARBITER_UNSUPPORTED, "trtllm: a registered call of " + n(a.tokens) +
+                                           " tokens; at most " + n(kMaxRegisteredTokens) +
+                                           " per call (split it)");
+  }
   if (!registered && message_bytes > capacity) {
     return Status(ARBITER_UNSUPPORTED, std::string("trtllm: a message of ") + n(message_bytes) +
                                            " bytes (" + n(a.tokens) + " tokens x " + n(a.hidden) +
