@@ -4,7 +4,9 @@
 // error (no trap: the context stays usable); every later run() returns
 // ARBITER_ABORTED at once; teardown after abort waits on no peer; device
 // memory is back afterwards; and a new group on the same context runs.
-// One-shot and two-shot (the Lamport poll and the barrier), 2 virtual ranks.
+// One-shot and two-shot (the Lamport poll and the barrier), 2 virtual ranks;
+// on trtllm also both on registered inputs (the registered barrier, whose
+// abort release rewrites the call's key too).
 // Prints the figures (time from abort() to the stream's end, memory).
 //
 // Exits 77 (ctest: skipped) without a CUDA device. No Boost.
@@ -92,12 +94,14 @@ struct Buffers {
   }
 };
 
-// One module, one algorithm: see the file's comment.
+// One module, one algorithm, on copied or (with `memory`) registered
+// inputs: see the file's comment.
 void abort_case(const std::string& name, const arbiter_backend_v1_t& api,
                 const arbiter_backend_faults_v1_t& faults, arbiter_algorithm algorithm,
-                test::Watchdog& watchdog) {
-  const std::string where =
-      name + (algorithm == ARBITER_ALGORITHM_ONESHOT ? " one-shot" : " two-shot");
+                const arbiter_backend_memory_v2_t* memory, test::Watchdog& watchdog) {
+  const std::string where = name +
+                            (algorithm == ARBITER_ALGORITHM_ONESHOT ? " one-shot" : " two-shot") +
+                            (memory != nullptr ? " registered" : "");
   cudaDeviceSynchronize();
   const std::size_t free_before = free_device_memory();
   double returned_ms = -1;
@@ -111,14 +115,35 @@ void abort_case(const std::string& name, const arbiter_backend_v1_t& api,
     std::vector<arbiter_allreduce_args> args;
     for (const Buffers& b : buffers) args.push_back(b.args(algorithm));
     std::string error;
-    ARBITER_CHECK(group.run(args, &error) == ARBITER_OK, where, "normal call: " << error);
+    if (memory != nullptr) {
+      // The inputs in registered memory (zeros, as Buffers' are); the
+      // workspaces free it when the group goes.
+      std::vector<void*> parts;
+      const std::uint64_t bytes = std::uint64_t{kTokens} * kHidden * 2;
+      if (!ARBITER_CHECK(group.alloc_registered(*memory, bytes, &parts, &error) == ARBITER_OK,
+                         where, "alloc: " << error)) {
+        return;
+      }
+      for (int r = 0; r < kRanks; ++r) {
+        cudaMemset(parts[r], 0, bytes);
+        args[r].input = parts[r];
+      }
+      cudaDeviceSynchronize();
+    }
+    const auto run_one = [&](int r) {
+      return memory != nullptr
+                 ? memory->run_registered(group.workspace(r), &args[r], group.stream(r))
+                 : api.run(group.workspace(r), &args[r], group.stream(r));
+    };
+    const std::int32_t normal =
+        memory != nullptr ? group.run_registered(*memory, args, &error) : group.run(args, &error);
+    ARBITER_CHECK(normal == ARBITER_OK, where, "normal call: " << error);
     ARBITER_CHECK(group.wait(std::chrono::seconds(30), &error), where, "normal call: " << error);
 
     // Rank 0 alone: its kernel waits for rank 1, which never launches.
     watchdog.arm(where + ": a kernel waiting on a rank that never launched, then abort()",
                  std::chrono::seconds(60));
-    ARBITER_CHECK(api.run(group.workspace(0), &args[0], group.stream(0)) == ARBITER_OK, where,
-                  "rank 0's call: " << api.last_error());
+    ARBITER_CHECK(run_one(0) == ARBITER_OK, where, "rank 0's call: " << api.last_error());
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     ARBITER_CHECK(cudaStreamQuery(group.stream(0)) == cudaErrorNotReady, where,
                   "rank 0's kernel did not wait for rank 1 (the test proves nothing)");
@@ -138,7 +163,7 @@ void abort_case(const std::string& name, const arbiter_backend_v1_t& api,
 
     // Every later call refused at once.
     const auto refused = Clock::now();
-    ARBITER_CHECK(api.run(group.workspace(0), &args[0], group.stream(0)) == ARBITER_ABORTED, where,
+    ARBITER_CHECK(run_one(0) == ARBITER_ABORTED, where,
                   "a call after abort(): " << api.last_error());
     ARBITER_CHECK(std::string(api.last_error()).find("aborted") != std::string::npos, where,
                   "message: " << api.last_error());
@@ -193,7 +218,11 @@ int main() {
       continue;
     }
     for (arbiter_algorithm algorithm : {ARBITER_ALGORITHM_ONESHOT, ARBITER_ALGORITHM_TWOSHOT}) {
-      abort_case(name, *module.api(), *faults, algorithm, watchdog);
+      abort_case(name, *module.api(), *faults, algorithm, nullptr, watchdog);
+      // Registered inputs where the module has the memory companion (trtllm).
+      if (module.memory() != nullptr) {
+        abort_case(name, *module.api(), *faults, algorithm, module.memory(), watchdog);
+      }
     }
     // The context is healthy: a new group runs a normal call.
     watchdog.arm(std::string(name) + ": a new group after the aborts", std::chrono::seconds(120));

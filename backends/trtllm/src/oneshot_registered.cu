@@ -115,9 +115,19 @@ cudaError_t launch_oneshot_registered(const KernelParams& params, arbiter_dtype 
 }
 
 cudaError_t query_oneshot_registered_clusters(std::uint32_t cluster_size, int* clusters) {
-  return common::max_active_clusters<KernelParams>(
+  // Both variants (in place or not): the smaller residency.
+  int in_place = 0;
+  int apart = 0;
+  cudaError_t e = common::max_active_clusters<KernelParams>(
       oneshot_registered_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4, true>, cluster_size,
-      clusters);
+      &in_place);
+  if (e == cudaSuccess) {
+    e = common::max_active_clusters<KernelParams>(
+        oneshot_registered_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4, false>, cluster_size,
+        &apart);
+  }
+  *clusters = in_place < apart ? in_place : apart;
+  return e;
 }
 
 }  // namespace arbiter::trtllm

@@ -164,14 +164,21 @@ cudaError_t query_max_active_clusters(std::uint32_t cluster_size, int* clusters)
   int oneshot = 0;
   int registered = 0;
   int twoshot = 0;
+  int twoshot_registered = 0;
   cudaError_t e = query_oneshot_clusters(cluster_size, &oneshot);
   if (e == cudaSuccess) e = query_oneshot_registered_clusters(cluster_size, &registered);
   if (e == cudaSuccess) {
     e = common::max_active_clusters<KernelParams>(
         twoshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4, false>, cluster_size, &twoshot);
   }
+  if (e == cudaSuccess) {
+    e = common::max_active_clusters<KernelParams>(
+        twoshot_kernel<ARBITER_DTYPE_BF16, Epilogue::kNormFp4, true>, cluster_size,
+        &twoshot_registered);
+  }
   *clusters = oneshot < twoshot ? oneshot : twoshot;
   if (registered < *clusters) *clusters = registered;
+  if (twoshot_registered < *clusters) *clusters = twoshot_registered;
   return e;
 }
 
