@@ -160,6 +160,20 @@ def _new_output(code: int, i: int, x):
                        device=x.device)
 
 
+def _keep_new_outputs_for(stream, handle: int, outs: list, out, device) -> None:
+    """The outputs made here were allocated on torch's current stream; when
+    the call runs on another, torch's allocator must not hand their memory
+    out again (the caller may drop them at once) before that stream's work is
+    done: record_stream, as torch's own collectives do."""
+    if handle == torch.cuda.current_stream(device).cuda_stream:
+        return
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(handle, device=device)
+    for i, t in enumerate(outs):
+        if t is not None and (not out or _OUTPUTS[i] not in out):
+            t.record_stream(stream)
+
+
 def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
          residual_replicated):
     """Communicator.allreduce_fusion on torch tensors (its arguments, in its
@@ -185,7 +199,9 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     if stream is not None:
         if comm.device < 0:
             raise _invalid("stream: this communicator runs on host memory; pass no stream")
-        stream = stream_handle(stream)
+        handle = stream_handle(stream)
+        _keep_new_outputs_for(stream, handle, outs, out, x.device)
+        stream = handle
     _torch_tensors.run(comm, code, x, residual, weight, scale, outs, eps, weight_bias,
                        residual_replicated, stream)
     return _result(FusionResult, (comm.last_decision, *outs))

@@ -206,6 +206,40 @@ def test_torch_compile_on_cuda_matches_eager(comm, mode):
     assert comm.last_decision.backend == "nccl"
 
 
+def test_new_outputs_are_recorded_on_the_side_stream_that_writes_them(comm, monkeypatch):
+    """Outputs arbiter makes (on the current stream) for a call on another
+    stream are recorded on that stream (record_stream), so that torch's
+    allocator does not hand their memory out again, once the caller drops
+    them, while that stream may still write them. The caller's own outputs,
+    and calls on the current stream, are left alone."""
+    recorded = []
+    real = torch.Tensor.record_stream
+
+    def spy(tensor, stream):
+        recorded.append((tensor.data_ptr(), stream.cuda_stream))
+        real(tensor, stream)
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", spy)
+    x, residual, weight = inputs(4)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    for stream in (side, side.cuda_stream):  # a torch stream, then a bare handle
+        recorded.clear()
+        r = comm.allreduce_fusion(x, residual, weight, stream=stream)
+        want = {(r.residual_out.data_ptr(), side.cuda_stream),
+                (r.norm_out.data_ptr(), side.cuda_stream)}
+        assert set(recorded) == want, stream
+    recorded.clear()
+    mine = torch.empty_like(x)
+    r = comm.allreduce_fusion(x, residual, weight, stream=side, out={"norm_out": mine})
+    assert recorded == [(r.residual_out.data_ptr(), side.cuda_stream)]
+    recorded.clear()
+    comm.allreduce_fusion(x, residual, weight, stream=torch.cuda.current_stream())
+    comm.allreduce_fusion(x, residual, weight)
+    assert recorded == []
+    side.synchronize()
+
+
 def test_other_float8_formats_are_refused_on_cuda(comm):
     x, residual, weight = inputs(2)
     scale = torch.ones(1, device="cuda")
