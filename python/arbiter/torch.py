@@ -164,14 +164,16 @@ def _keep_new_outputs_for(stream, handle: int, outs: list, out, device) -> None:
     """The outputs made here were allocated on torch's current stream; when
     the call runs on another, torch's allocator must not hand their memory
     out again (the caller may drop them at once) before that stream's work is
-    done: record_stream, as torch's own collectives do."""
-    if handle == torch.cuda.current_stream(device).cuda_stream:
+    done: record_stream, as torch's own collectives do. Nothing to look up
+    when the caller gave every output (the usual in-place call)."""
+    made = [t for i, t in enumerate(outs)
+            if t is not None and (not out or _OUTPUTS[i] not in out)]
+    if not made or handle == torch.cuda.current_stream(device).cuda_stream:
         return
     if not isinstance(stream, torch.cuda.Stream):
         stream = torch.cuda.ExternalStream(handle, device=device)
-    for i, t in enumerate(outs):
-        if t is not None and (not out or _OUTPUTS[i] not in out):
-            t.record_stream(stream)
+    for t in made:
+        t.record_stream(stream)
 
 
 def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
