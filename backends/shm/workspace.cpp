@@ -200,7 +200,9 @@ Status Workspace::barrier(Backoff& backoff, const char* what) {
     std::atomic_ref<std::uint32_t> flag(*flag_word(peer));
     while (flag.load(std::memory_order_acquire) == not_arrived) {
       const WaitState state = backoff.pause(flag_word(peer), not_arrived, peer);
-      if (state != WaitState::kKeepWaiting) {
+      // A peer that arrived and then left (see await_line()) has arrived.
+      if (state != WaitState::kKeepWaiting &&
+          (state == WaitState::kFault || flag.load(std::memory_order_acquire) == not_arrived)) {
         return wait_failed(state, backoff, peer,
                            "rank " + std::to_string(peer) + " at " + std::string(what));
       }

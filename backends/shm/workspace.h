@@ -108,7 +108,16 @@ class Workspace {
         break;
       }
       const WaitState state = backoff.pause(&line->wake, wake, peer);
-      if (state != WaitState::kKeepWaiting) return wait_failed(state, backoff, peer, describe());
+      if (state != WaitState::kKeepWaiting) {
+        // The peer may have published between the poll above and pause()'s
+        // checks, and then left (its process ended with the job, or the
+        // deadline passed just then): what it published counts.
+        if (state != WaitState::kFault &&
+            std::atomic_ref<std::uint64_t>(line->value).load(std::memory_order_acquire) == value) {
+          break;
+        }
+        return wait_failed(state, backoff, peer, describe());
+      }
     }
     backoff.progress();
     return {};
