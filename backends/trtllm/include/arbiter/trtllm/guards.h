@@ -33,14 +33,15 @@ using common::Status;
 using common::algorithm_name;
 using common::kMinNvfp4Capability;
 
-// REQUIRES: layout came from make_workspace_layout. `capability` is the
-// device's major * 10 + minor (90 for H100/H200, 100 for B200). A
-// `registered` call has no per-call capacity: one-shot reads the inputs in
-// place, and run_registered slices a two-shot call itself.
 // The most tokens one registered call may carry (copied calls are bounded
 // by the workspace's capacity, far below it).
 inline constexpr std::uint32_t kMaxRegisteredTokens = std::uint32_t{1} << 31;
 
+// REQUIRES: layout came from make_workspace_layout. `capability` is the
+// device's major * 10 + minor (90 for H100/H200, 100 for B200). A
+// `registered` call has no per-call capacity (at most kMaxRegisteredTokens):
+// one-shot reads the inputs in place, and run_registered slices a two-shot
+// call itself.
 inline Status check_call(const WorkspaceLayout& layout, const arbiter_allreduce_args* args,
                          std::uint32_t capability, bool registered = false) {
   const auto n = [](auto v) { return std::to_string(v); };
