@@ -14,6 +14,8 @@
 #   - hides this machine's copy of every library the pack gathered (a bind
 #     mount of /dev/null over each file: loading it would fail) and UCX's
 #     module folder, as a bare CUDA image lacks them;
+#   - hides Debian's pytest (python3 cannot import it), as a GPU image with
+#     torch may lack it: the check must use the pack's python-libs/;
 #   - gives the namespace a /dev/shm of its own (the shm tests count the files
 #     there; other builds' tests on this machine would change the count);
 # and runs there:
@@ -97,6 +99,9 @@ EOF
 fi
 
 # ------------------------------------------------------------ inside the namespace
+mkdir -p "$sim/no-pytest"
+echo 'raise ImportError("pytest is hidden by scripts/device-pack-sim.sh, as on a bare GPU image")' \
+  >"$sim/no-pytest/__init__.py"
 cat >"$sim/inside.sh" <<'EOF'
 set -uo pipefail
 hide=$1 carried=$2 sim=$3 fake_gpu=$4
@@ -105,10 +110,17 @@ mount -t tmpfs arbiter-sim "$hide" || exit 3
 for f in "$@"; do mount --bind /dev/null "$f" || exit 3; done
 [ -d /usr/lib/x86_64-linux-gnu/ucx ] && { mount -t tmpfs arbiter-sim /usr/lib/x86_64-linux-gnu/ucx || exit 3; }
 mount -t tmpfs -o mode=1777 arbiter-sim-shm /dev/shm || exit 3
+# No pytest, as on a GPU image with torch and without it: the check must take
+# the pack's python-libs/. (An empty folder would import as a namespace
+# package; this one refuses.)
+for d in /usr/lib/python3/dist-packages/pytest /usr/lib/python3/dist-packages/_pytest; do
+  [ -d "$d" ] && { mount --bind "$sim/no-pytest" "$d" || exit 3; }
+done
+if python3 -c 'import pytest' 2>/dev/null; then echo "pytest is still importable here"; status_pytest=1; else status_pytest=0; fi
 dev=$sim/root
 cd "$dev" || exit 3
 ((fake_gpu)) && PATH=$sim/fake-bin:$PATH
-status=0
+status=$status_pytest
 
 echo "=== 1. scripts/device-check.sh --full --prebuilt $(basename "$carried")"
 timeout 900 scripts/device-check.sh --full --prebuilt "$(basename "$carried")" --out "$sim/out" \
