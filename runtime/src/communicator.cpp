@@ -3,16 +3,19 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string_view>
 
 #include "arbiter/common/call_signature.h"
 #include "arbiter/common/fault_injection.h"
 #include "arbiter/common/token_slice.h"
 #include "arbiter/workspace_plan.h"
+#include "fault_board.h"
 #include "peer_watch.h"
 
 namespace arbiter {
@@ -285,12 +288,15 @@ struct Communicator::Impl {
   std::uint64_t calls = 0;                 // allreduce_fusion() and run_on() calls so far
   std::vector<RegisteredArea> registered;  // this rank's registered allocations
   std::uint64_t registered_made = 0;       // alloc_registered() calls that succeeded
-  // GPU communicators: the watcher of the peers on this host (peer_watch.h).
-  // It sets `dead_peer_error`, then `dead_peer` (once, from its thread).
+  // GPU communicators: the board where the ranks on this host post their
+  // faults (fault_board.h), and the watcher of those peers' processes and
+  // posts (peer_watch.h). The watcher sets `failed_peer_error`, then
+  // `failed_peer` (once, from its thread).
   std::vector<ProcessIdentity> processes;
+  std::unique_ptr<FaultBoard> board;
   std::unique_ptr<PeerWatch> peer_watch;
-  std::atomic<std::int32_t> dead_peer{-1};
-  std::string dead_peer_error;
+  std::atomic<std::int32_t> failed_peer{-1};
+  std::string failed_peer_error;
   const common::FaultInjection& faults = common::FaultInjection::get();
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
@@ -345,14 +351,22 @@ struct Communicator::Impl {
 
   void create(const Registry& registry);
   void watch_peers();
+  void open_board();
+  // What every later call says after the watch saw `fault`.
+  std::string fault_message(const PeerFault& fault) const;
+  // Tells the peers on this host that this rank faulted (once; any thread).
+  void post_fault(arbiter_status status, std::optional<std::uint64_t> call) noexcept {
+    if (board) board->post(oob.rank, status, call);
+  }
   void destroy();
   void abort_workspaces() noexcept;
 
   // Before a call: OK, or the status every call gets once the communicator
   // is unusable (into `result`).
   bool refuse_if_faulted(Result& result) const;
-  // After a call: a status that leaves the group unusable is remembered.
-  void note(Result& result);
+  // After a call (`call`: its number) or an allocation (none): a status
+  // that leaves the group unusable is remembered, and posted for the peers.
+  void note(Result& result, std::optional<std::uint64_t> call);
   // The check mode's exchange of call `call`'s signature; false (and
   // `result` set) when the call is refused or the exchange failed.
   bool check_call(const arbiter_allreduce_args& args, std::uint64_t call, Result& result);
@@ -556,16 +570,87 @@ void Communicator::Impl::create(const Registry& registry) {
 void Communicator::Impl::watch_peers() {
   // CPU ranks run shm, whose calls wait on the host and watch there.
   if (options.capability.is_cpu() || usable == 0) return;
-  peer_watch = std::make_unique<PeerWatch>(oob.rank, processes, [this](std::int32_t rank) {
-    dead_peer_error = "rank " + std::to_string(rank) + " died (its process, pid " +
-                      std::to_string(processes[static_cast<std::size_t>(rank)].pid) +
-                      " on this host, exited; its launcher knows its exit status): this rank's "
-                      "kernels were told to stop waiting on it (the abort flag), so the outputs "
-                      "of calls still running are unspecified; destroy the communicator, and "
-                      "create a new one over the survivors' group";
-    dead_peer.store(rank, std::memory_order_release);
-    abort_workspaces();
-  });
+  open_board();
+  peer_watch =
+      std::make_unique<PeerWatch>(oob.rank, processes, board.get(), [this](const PeerFault& fault) {
+        failed_peer_error = fault_message(fault);
+        failed_peer.store(fault.rank, std::memory_order_release);
+        abort_workspaces();
+      });
+}
+
+std::string Communicator::Impl::fault_message(const PeerFault& fault) const {
+  const std::string rank = "rank " + std::to_string(fault.rank);
+  std::string what;
+  if (!fault.post) {
+    what = rank + " died (its process, pid " +
+           std::to_string(processes[static_cast<std::size_t>(fault.rank)].pid) +
+           " on this host, exited; its launcher knows its exit status)";
+  } else if (fault.post->status == ARBITER_ABORTED && !fault.post->call) {
+    what = rank + " aborted the communicator (abort())";
+  } else {
+    what = rank + "'s " +
+           (fault.post->call ? "call " + std::to_string(*fault.post->call)
+                             : std::string("allocation of registered memory")) +
+           " " + fault_words(fault.post->status) +
+           ", which leaves the communicator unusable on every rank";
+  }
+  return what +
+         ": this rank's kernels were told to stop waiting on it (the abort flag), so the "
+         "outputs of calls still running are unspecified; destroy the communicator, and create a "
+         "new one over the group";
+}
+
+// The lowest rank on each host creates the board and the others there map
+// it; then everyone meets once more, and the creator unlinks the name. A
+// rank that cannot create or map it is told on stderr, and its peers' faults
+// reach it at its kernels' deadline, as without a board: the board is a
+// faster path, never a reason to refuse a communicator.
+void Communicator::Impl::open_board() {
+  struct BoardName {
+    char name[48];
+  };
+  const auto self = static_cast<std::size_t>(oob.rank);
+  std::size_t creator = self;
+  bool alone = true;
+  for (std::size_t r = 0; r < processes.size(); ++r) {
+    if (r == self || !processes[self].beside(processes[r])) continue;
+    alone = false;
+    creator = std::min(creator, r);
+  }
+  std::string error;
+  BoardName mine{};
+  if (!alone && creator == self) {
+    board = FaultBoard::create(static_cast<std::uint32_t>(oob.size), error);
+    if (board) std::snprintf(mine.name, sizeof mine.name, "%s", board->name().c_str());
+  }
+  std::vector<BoardName> names;
+  try {
+    names = allgather(oob, mine, options.timeout, "the name of the host's fault board");
+    if (!alone && creator != self) {
+      const BoardName& theirs = names[creator];
+      const std::string name(theirs.name, strnlen(theirs.name, sizeof theirs.name));
+      if (name.empty()) {
+        error = "rank " + std::to_string(creator) + " could not create it";
+      } else {
+        board = FaultBoard::open(name, static_cast<std::uint32_t>(oob.size), error);
+      }
+    }
+    if (oob.barrier(oob.ctx, options.timeout.count()) != ARBITER_OK) {
+      throw CommunicatorError("the barrier after mapping the host's fault board failed: " +
+                              oob_error(oob));
+    }
+  } catch (const CommunicatorError&) {
+    abort_workspaces();  // a peer is gone: tear down without waiting on it
+    destroy();
+    throw;
+  }
+  if (board) board->unlink();
+  if (!alone && !board) {
+    std::cerr << "arbiter: rank " << oob.rank << ": no fault board (" << error
+              << "): an abort() or a failed call on a peer of this host reaches this rank's "
+                 "kernels at their deadline (ARBITER_KERNEL_TIMEOUT_MS), not within 100 ms\n";
+  }
 }
 
 void Communicator::Impl::abort_workspaces() noexcept {
@@ -578,10 +663,11 @@ void Communicator::Impl::abort_workspaces() noexcept {
 
 void Communicator::Impl::destroy() {
   peer_watch.reset();  // first: it may abort the workspaces
+  board.reset();       // unlinked already, unless creation failed in between
   // Collective, in backend order on every rank; after a fault or an abort,
   // local: every workspace is aborted first, so no module waits on a peer.
   if (faulted || aborted.load(std::memory_order_acquire) ||
-      dead_peer.load(std::memory_order_acquire) >= 0) {
+      failed_peer.load(std::memory_order_acquire) >= 0) {
     abort_workspaces();
   }
   // The modules free registered memory with their workspaces.
@@ -595,16 +681,17 @@ void Communicator::Impl::destroy() {
 }
 
 bool Communicator::Impl::refuse_if_faulted(Result& result) const {
-  if (dead_peer.load(std::memory_order_acquire) >= 0) {
-    result.status = ARBITER_PEER_FAILED;
-    result.error = dead_peer_error;
-    return true;
-  }
+  // This rank's own abort() first: its watchdog knows why it called it.
   if (aborted.load(std::memory_order_acquire)) {
     result.status = ARBITER_ABORTED;
     result.error =
         "the communicator was aborted (abort()); destroy it, and create a new one over the "
         "survivors' group";
+    return true;
+  }
+  if (failed_peer.load(std::memory_order_acquire) >= 0) {
+    result.status = ARBITER_PEER_FAILED;
+    result.error = failed_peer_error;
     return true;
   }
   if (!faulted) return false;
@@ -616,12 +703,12 @@ bool Communicator::Impl::refuse_if_faulted(Result& result) const {
   return true;
 }
 
-void Communicator::Impl::note(Result& result) {
+void Communicator::Impl::note(Result& result, std::optional<std::uint64_t> call) {
   // A call that failed because the watcher aborted it (a peer died while it
   // waited) says why.
-  if (result.status != ARBITER_OK && dead_peer.load(std::memory_order_acquire) >= 0) {
+  if (result.status != ARBITER_OK && failed_peer.load(std::memory_order_acquire) >= 0) {
     result.status = ARBITER_PEER_FAILED;
-    result.error = dead_peer_error;
+    result.error = failed_peer_error;
   }
   switch (result.status) {
     case ARBITER_TIMEOUT:
@@ -632,6 +719,9 @@ void Communicator::Impl::note(Result& result) {
         faulted = true;
         fault_status = result.status;
         fault_error = result.error;
+        // Peers' kernels may wait on this rank's: tell those on this host.
+        // Not when a peer's fault caused it (they know).
+        if (failed_peer.load(std::memory_order_acquire) < 0) post_fault(result.status, call);
       }
       break;
     default:
@@ -693,9 +783,10 @@ bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uin
     if (difference.empty() &&
         (all[r].allocation != all[0].allocation || all[r].offset != all[0].offset)) {
       const auto where = [](const Record& rec) {
-        return rec.allocation == 0 ? std::string("unregistered memory")
-                                   : "registered allocation #" + std::to_string(rec.allocation - 1) +
-                                         " at offset " + std::to_string(rec.offset);
+        return rec.allocation == 0
+                   ? std::string("unregistered memory")
+                   : "registered allocation #" + std::to_string(rec.allocation - 1) +
+                         " at offset " + std::to_string(rec.offset);
       };
       difference = "the input's memory: rank " + std::to_string(r) + " has " + where(all[r]) +
                    ", rank 0 has " + where(all[0]) +
@@ -729,12 +820,13 @@ Communicator::~Communicator() {
 
 void Communicator::abort() noexcept {
   impl_->aborted.store(true, std::memory_order_release);
+  impl_->post_fault(ARBITER_ABORTED, std::nullopt);
   impl_->abort_workspaces();
 }
 
 bool Communicator::faulted() const {
   return impl_->faulted || impl_->aborted.load(std::memory_order_acquire) ||
-         impl_->dead_peer.load(std::memory_order_acquire) >= 0;
+         impl_->failed_peer.load(std::memory_order_acquire) >= 0;
 }
 
 bool Communicator::check_calls() const { return impl_->check_calls; }
@@ -848,12 +940,12 @@ Decision Communicator::decide(const arbiter_allreduce_args& args) const noexcept
 Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args& args,
                                                     void* stream) noexcept {
   Result result;
+  const std::uint64_t call = impl_->calls++;
   try {
-    const std::uint64_t call = impl_->calls++;
     if (impl_->faults.armed()) impl_->faults.at("call.start", impl_->oob.rank, call);
     if (impl_->refuse_if_faulted(result)) return result;
     if (impl_->check_calls && !impl_->check_call(args, call, result)) {
-      impl_->note(result);
+      impl_->note(result, call);
       return result;
     }
     result = impl_->dispatch(args, stream);
@@ -861,7 +953,7 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
-  impl_->note(result);
+  impl_->note(result, call);
   return result;
 }
 
@@ -906,12 +998,12 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
                                           const arbiter_allreduce_args& args,
                                           void* stream) noexcept {
   Result result;
+  const std::uint64_t call = impl_->calls++;
   try {
-    const std::uint64_t call = impl_->calls++;
     if (impl_->refuse_if_faulted(result)) return result;
     // First, before any local refusal: the exchange is collective.
     if (impl_->check_calls && !impl_->check_call(args, call, result)) {
-      impl_->note(result);
+      impl_->note(result, call);
       return result;
     }
     const int i = static_cast<int>(backend);
@@ -965,7 +1057,7 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
-  impl_->note(result);
+  impl_->note(result, call);
   return result;
 }
 
@@ -1063,6 +1155,9 @@ Communicator::Result Communicator::alloc_registered(std::uint64_t bytes, void** 
       if (status != ARBITER_OK) {
         result.status = static_cast<arbiter_status>(status);
         result.error = w.module->last_error();
+        // A collective that timed out or lost a peer leaves the ranks out
+        // of step: later calls fail at once, as after a failed call.
+        impl_->note(result, std::nullopt);
         return result;
       }
       const RegisteredArea area{static_cast<const std::byte*>(local), bytes, b,

@@ -31,11 +31,9 @@ common::Liveness liveness_for(std::int32_t self, const std::vector<ProcessIdenti
   std::vector<std::uint64_t> namespaces(ranks.size(), 0);
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     pids[r] = ranks[r].pid;
-    const bool here = mine.host != 0 && ranks[r].host == mine.host &&
-                      ranks[r].pid_namespace == mine.pid_namespace;
     // Ranks that share this process (threads, loopback tests) are not peers
     // to watch.
-    if (here && ranks[r].pid != mine.pid) namespaces[r] = mine.pid_namespace;
+    if (mine.beside(ranks[r]) && ranks[r].pid != mine.pid) namespaces[r] = mine.pid_namespace;
   }
   return common::Liveness(self, pids, namespaces);
 }
@@ -55,9 +53,18 @@ ProcessIdentity ProcessIdentity::own() {
 }
 
 PeerWatch::PeerWatch(std::int32_t self, const std::vector<ProcessIdentity>& ranks,
-                     std::function<void(std::int32_t)> on_death)
-    : liveness_(liveness_for(self, ranks)), on_death_(std::move(on_death)) {
-  if (liveness_.watched() > 0) thread_ = std::thread([this] { loop(); });
+                     const FaultBoard* board, std::function<void(const PeerFault&)> on_fault)
+    : liveness_(liveness_for(self, ranks)), board_(board), on_fault_(std::move(on_fault)) {
+  if (board_ != nullptr) {
+    // Ranks in this process post there too (an abort() in one thread).
+    const ProcessIdentity mine = ProcessIdentity::own();
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      if (static_cast<std::int32_t>(r) != self && mine.beside(ranks[r])) {
+        board_peers_.push_back(static_cast<std::int32_t>(r));
+      }
+    }
+  }
+  if (liveness_.watched() > 0 || !board_peers_.empty()) thread_ = std::thread([this] { loop(); });
 }
 
 PeerWatch::~PeerWatch() {
@@ -72,10 +79,19 @@ PeerWatch::~PeerWatch() {
 void PeerWatch::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, kPollInterval, [this] { return stop_; })) {
-    const std::int32_t dead = liveness_.first_dead();
-    if (dead >= 0) {
+    PeerFault fault;
+    // A post first: a rank that aborted and then exited is named for the
+    // abort.
+    if (!board_peers_.empty()) {
+      if (auto post = board_->posted(board_peers_)) {
+        fault.rank = post->rank;
+        fault.post = post;
+      }
+    }
+    if (fault.rank < 0) fault.rank = liveness_.first_dead();
+    if (fault.rank >= 0) {
       lock.unlock();
-      on_death_(dead);
+      on_fault_(fault);
       return;
     }
   }

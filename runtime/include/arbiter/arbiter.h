@@ -221,7 +221,8 @@ int32_t arbiter_comm_free(arbiter_comm* comm, void* data);
  * concurrently with arbiter_comm_destroy), e.g. from a framework's watchdog
  * while another thread waits in arbiter_comm_allreduce_fusion. That call
  * returns ARBITER_ABORTED (shm: within a few milliseconds), peers waiting on
- * this rank return ARBITER_PEER_FAILED naming it (shm: within a second),
+ * this rank return ARBITER_PEER_FAILED naming it (shm: within a second; GPU
+ * ranks on this host: within 100-200 ms; on other hosts: their deadline),
  * GPU kernels waiting on a peer stop waiting (their outputs are then
  * unspecified), every later call returns ARBITER_ABORTED at once, and
  * arbiter_comm_destroy no longer waits on any peer. Never blocks on a peer.

@@ -30,13 +30,15 @@
 // first, so a dead rank cannot hold up teardown). The shm backend notices a
 // dead peer process on this host within milliseconds while a call waits,
 // and names it. A GPU communicator, whose kernels rather than the host wait
-// on peers, watches the peers' processes on this host from a thread
-// (peer_watch.h, every 100 ms): when one dies it aborts every workspace
-// (the kernels stop waiting) and later calls return ARBITER_PEER_FAILED
-// naming the rank. abort(), from any thread, makes a waiting call return
-// ARBITER_ABORTED (shm: within a few milliseconds) and its peers
-// ARBITER_PEER_FAILED; GPU kernels waiting on a peer stop waiting. After a
-// fault the survivors create a new communicator over their own group.
+// on peers, watches from a thread (peer_watch.h, every 100 ms) the peers'
+// processes on this host and the host's fault board, where each rank posts
+// its abort() or the failure that left it unusable (fault_board.h): when a
+// peer dies or posts, it aborts every workspace (the kernels stop waiting)
+// and later calls return ARBITER_PEER_FAILED naming the rank. abort(), from
+// any thread, makes a waiting call return ARBITER_ABORTED (shm: within a
+// few milliseconds) and its peers ARBITER_PEER_FAILED (GPU peers on this
+// host: within 100-200 ms); GPU kernels waiting on a peer stop waiting.
+// After a fault the survivors create a new communicator over their own group.
 //
 // Calls that differ across ranks. Every rank must make the same calls in
 // the same order (only the data differs). A call whose signature differs on
@@ -173,7 +175,8 @@ class Communicator {
   // exists (not concurrently with its destructor). Aborts every workspace
   // (the modules' arbiter_backend_v1_faults): a call waiting on a peer
   // returns ARBITER_ABORTED, peers waiting on this rank return
-  // ARBITER_PEER_FAILED naming it, every later call returns
+  // ARBITER_PEER_FAILED naming it (GPU ranks: those on this host, within
+  // 100-200 ms; on other hosts, at their deadline), every later call returns
   // ARBITER_ABORTED at once, and the destructor waits on no peer.
   // Never throws, never blocks on a peer.
   void abort() noexcept;

@@ -23,8 +23,9 @@
 //   abort   rank 1 never launches call 5 (ARBITER_TEST_FAULT=1:gpu.call.start
 //           @5:skip, set by the test): rank 0's kernel waits for it until a
 //           thread calls abort(); the stream must then end without a CUDA
-//           error, every later call fail at once, teardown wait on nobody,
-//           device memory come back, and a new communicator run right
+//           error, rank 1 hear of the abort within a second (the host's
+//           fault board), every later call fail at once, teardown wait on
+//           nobody, device memory come back, and a new communicator run right
 //
 // Prints "decision <what>: <backend> <algorithm> fused|unfused: ok|<problem>"
 // (rank 0, or any rank with a problem), "refused <what>: <message>" for
@@ -606,7 +607,24 @@ int run_abort(arbiter::Bootstrap& boot, const Device& device) {
           ms);
       if (ms > 100.0)
         fail("the waiting kernel returned " + std::to_string(ms) + " ms after abort()");
-    } else {
+    }
+    // Rank 0's abort() is on its host's fault board: rank 1 hears of it
+    // within a second (the watch reads the board every 100 ms).
+    if (!boot.barrier(std::chrono::seconds(60)).ok()) throw std::runtime_error("barrier");
+    if (boot.rank() == 1) {
+      const auto met = std::chrono::steady_clock::now();
+      while (!comm->faulted() && seconds_since(met) < 2.0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      std::printf("abort: rank 1 learnt of rank 0's abort() %.3f ms after the barrier\n",
+                  seconds_since(met) * 1e3);
+      const auto told = comm->allreduce_fusion(a, stream);
+      if (told.status != ARBITER_PEER_FAILED ||
+          told.error.find("rank 0 aborted the communicator") == std::string::npos ||
+          seconds_since(met) > 1.0) {
+        fail("rank 1 after rank 0's abort(): status " + std::to_string(told.status) + ": " +
+             told.error);
+      }
       comm->abort();  // as a watchdog on this rank would
     }
     const auto refused_at = std::chrono::steady_clock::now();

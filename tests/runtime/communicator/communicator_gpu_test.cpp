@@ -163,7 +163,8 @@ BOOST_AUTO_TEST_CASE(the_check_mode_refuses_a_differing_call_and_says_what_it_co
 
 // A rank that never launches (the test-only fault hook): rank 0's kernel
 // waits for it until abort() from another thread; the stream then ends
-// without a CUDA error within 100 ms, later calls fail at once, teardown
+// without a CUDA error within 100 ms, rank 1 hears of the abort through the
+// host's fault board within a second, later calls fail at once, teardown
 // waits on nobody, device memory comes back, and a new communicator runs.
 BOOST_AUTO_TEST_CASE(abort_ends_a_kernel_waiting_on_a_rank_that_never_launched,
                      *utf::precondition(NeedsGpu{0}) * utf::timeout(300)) {
@@ -176,5 +177,6 @@ BOOST_AUTO_TEST_CASE(abort_ends_a_kernel_waiting_on_a_rank_that_never_launched,
   }
   BOOST_TEST(contains(r.output, "abort: the kernel waiting on rank 1 (never launched) returned"),
              r.output);
+  BOOST_TEST(contains(r.output, "abort: rank 1 learnt of rank 0's abort()"), r.output);
   BOOST_TEST_MESSAGE(r.output);
 }

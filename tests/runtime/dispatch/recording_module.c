@@ -11,7 +11,9 @@
  * abort() is counted. The counts are read through exported functions.
  * RECORDING_BLOCK_AT=N makes the N-th run() since load (0-based) wait, as a
  * kernel waits on a peer that never comes, until abort() or 10 s: it then
- * returns ARBITER_ABORTED, or ARBITER_TIMEOUT. */
+ * returns ARBITER_ABORTED, or ARBITER_TIMEOUT. On the rank that
+ * RECORDING_FAIL_RANK names, that run() fails at once instead, as a launch
+ * that fails: ARBITER_INTERNAL. */
 #include <ctype.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -101,10 +103,15 @@ static int32_t wait_for_abort(void) {
 }
 
 static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
-  (void)ws;
   (void)stream;
   const char* block_at = getenv("RECORDING_BLOCK_AT");
   if (block_at != NULL && atomic_fetch_add(&g_run_count, 1) == strtol(block_at, NULL, 10)) {
+    const char* fail_rank = getenv("RECORDING_FAIL_RANK");
+    if (fail_rank != NULL && *fail_rank != '\0' && strtol(fail_rank, NULL, 10) == ws->rank) {
+      snprintf(g_error, sizeof g_error, "%s: the launch failed (RECORDING_FAIL_RANK)",
+               RECORDING_NAME);
+      return ARBITER_INTERNAL;
+    }
     return wait_for_abort();
   }
   if (args->pattern != ARBITER_PATTERN_ALLREDUCE && args->residual_in == NULL &&

@@ -15,6 +15,10 @@
 //             FAULTS_GPU_MODULES, whose RECORDING_BLOCK_AT call waits as a
 //             kernel waits on a peer, until the runtime's peer watch aborts
 //             it; calls until one fails, then as `calls`
+//   alloc-fault rank 0 allocates registered memory while rank 1 calls;
+//             both time out, and the next call or allocation fails at once
+//   gpu-abort GPU ranks as in gpu-calls, all waiting in call 5; rank 0
+//             aborts 300 ms into it; then a new GPU communicator
 // Prints one line per finding ("failed call N after S s: status X: ...",
 // "teardown S s", "survivors ok", ...) and "rank R: done" at the end.
 #include <signal.h>
@@ -226,14 +230,19 @@ void mode_calls(int rank, arbiter::Bootstrap& boot) {
   teardown(rank, comm);
 }
 
-// One-token calls (one backend throughout) until one fails; the recording
-// modules compute nothing, so results are not checked.
-void mode_gpu_calls(int rank, arbiter::Bootstrap& boot) {
+// A GPU communicator (capability 10.3) on the recording modules.
+CommunicatorPtr make_gpu_communicator(int rank, const arbiter_oob& oob) {
   arbiter::CommunicatorOptions o = options();
   o.capability = arbiter::Capability::sm(103);
   o.device = rank;
-  auto comm = std::make_unique<arbiter::Communicator>(
-      *boot.oob(), arbiter::Policy::from_environment(), gpu_registry(), o);
+  return std::make_unique<arbiter::Communicator>(oob, arbiter::Policy::from_environment(),
+                                                 gpu_registry(), o);
+}
+
+// One-token calls (one backend throughout) until one fails; the recording
+// modules compute nothing, so results are not checked.
+void mode_gpu_calls(int rank, arbiter::Bootstrap& boot) {
+  CommunicatorPtr comm = make_gpu_communicator(rank, *boot.oob());
   Buffers b;
   int call = 0;
   for (; call < 20; ++call) {
@@ -253,6 +262,80 @@ void mode_gpu_calls(int rank, arbiter::Bootstrap& boot) {
   const auto r = comm->allreduce_fusion(b.allreduce(rank, call + 1, 1), nullptr);
   say(rank, "next call status " + std::to_string(r.status) + " after " +
                 std::to_string(since(again)) + " s: " + r.error);
+  say(rank, std::string("faulted ") + (comm->faulted() ? "yes" : "no"));
+  teardown(rank, comm);
+}
+
+// GPU ranks whose call 5 waits on its peers on every rank, as kernels
+// would (RECORDING_BLOCK_AT=5); rank 0 aborts 300 ms into it from another
+// thread. Then a new GPU communicator over the same group.
+void mode_gpu_abort(int rank, arbiter::Bootstrap& boot) {
+  CommunicatorPtr comm = make_gpu_communicator(rank, *boot.oob());
+  Buffers b;
+  for (int call = 0; call < 5; ++call) {
+    if (const auto r = comm->allreduce_fusion(b.allreduce(rank, call, 1), nullptr);
+        r.status != ARBITER_OK) {
+      say(rank, "before the abort: call " + std::to_string(call) + ": " + r.error);
+      return;
+    }
+  }
+  std::thread aborter;
+  if (rank == 0) {
+    aborter = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      say(rank, "abort at " + std::to_string(now_ns()));
+      comm->abort();
+    });
+  }
+  const auto r = comm->allreduce_fusion(b.allreduce(rank, 5, 1), nullptr);
+  say(rank, "returned at " + std::to_string(now_ns()) + ": status " + std::to_string(r.status) +
+                ": " + r.error);
+  if (aborter.joinable()) aborter.join();
+  const auto again = Clock::now();
+  const auto next = comm->allreduce_fusion(b.allreduce(rank, 6, 1), nullptr);
+  say(rank, "next call status " + std::to_string(next.status) + " after " +
+                std::to_string(since(again)) + " s");
+  teardown(rank, comm);
+  try {
+    comm = make_gpu_communicator(rank, *boot.oob());
+    for (int call = 0; call < 3; ++call) {
+      if (const auto n = comm->allreduce_fusion(b.allreduce(rank, call, 1), nullptr);
+          n.status != ARBITER_OK) {
+        say(rank, "survivors failed: " + n.error);
+        return;
+      }
+    }
+    say(rank, "survivors ok");
+  } catch (const std::exception& e) {
+    say(rank, std::string("survivors failed: ") + e.what());
+  }
+}
+
+// Rank 0 allocates registered memory while rank 1 makes a call: each
+// collective waits for the other until the deadline (FAULTS_TIMEOUT_MS).
+// Both leave the ranks out of step, so each rank's next call or
+// allocation must fail at once.
+void mode_alloc_fault(int rank, arbiter::Bootstrap& boot) {
+  CommunicatorPtr comm = make_communicator(*boot.oob());
+  Buffers b;
+  const auto started = Clock::now();
+  arbiter::Communicator::Result r;
+  void* area = nullptr;
+  if (rank == 0) {
+    r = comm->alloc_registered(4096, &area);
+  } else {
+    r = comm->allreduce_fusion(b.allreduce(rank, 0, 8), nullptr);
+  }
+  say(rank, "first status " + std::to_string(r.status) + " after " +
+                std::to_string(since(started)) + " s: " + r.error);
+  const auto again = Clock::now();
+  if (rank == 0) {
+    r = comm->allreduce_fusion(b.allreduce(rank, 0, 8), nullptr);
+  } else {
+    r = comm->alloc_registered(4096, &area);
+  }
+  say(rank, "next status " + std::to_string(r.status) + " after " + std::to_string(since(again)) +
+                " s: " + r.error);
   say(rank, std::string("faulted ") + (comm->faulted() ? "yes" : "no"));
   teardown(rank, comm);
 }
@@ -416,6 +499,10 @@ int main(int argc, char** argv) {
       mode_mismatch(rank, boot);
     } else if (mode == "gpu-calls") {
       mode_gpu_calls(rank, boot);
+    } else if (mode == "alloc-fault") {
+      mode_alloc_fault(rank, boot);
+    } else if (mode == "gpu-abort") {
+      mode_gpu_abort(rank, boot);
     } else {
       say(rank, "unknown mode " + mode);
       return 2;
@@ -427,7 +514,10 @@ int main(int argc, char** argv) {
       pid_t pid = 0;
       if (in >> pid && pid > 0) kill(pid, SIGKILL);
     }
-    if (victim >= 0 && mode != "abort") survivors(rank, boot.world_size(), victim, token);
+    // A victim still alive (a failed call) is not one of them.
+    if (victim >= 0 && rank != victim && mode != "abort") {
+      survivors(rank, boot.world_size(), victim, token);
+    }
   } catch (const std::exception& e) {
     say(rank, std::string("exception: ") + e.what());
     return 1;

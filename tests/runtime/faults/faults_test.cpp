@@ -178,6 +178,88 @@ BOOST_AUTO_TEST_CASE(a_dead_peer_of_a_gpu_communicator_is_named_within_a_second)
   }
 }
 
+// A GPU rank that faults while alive: its peers' kernels would wait on it
+// until their deadline (10 minutes by default; the recording module's 10 s
+// here), since nothing on their host side waits. The rank posts the fault
+// on the host's fault board, and the peers' watch aborts their workspaces:
+// - the last rank's call 5 fails (a launch that fails: ARBITER_INTERNAL)
+//   while its peers' call 5 waits on it; they return ARBITER_PEER_FAILED
+//   naming that rank and call within a second;
+// - rank 0 calls abort() from another thread 300 ms into call 5, which
+//   every rank waits in: rank 0 returns ARBITER_ABORTED within 100 ms, the
+//   others ARBITER_PEER_FAILED ("rank 0 aborted") within a second of it,
+//   and the same group then makes a new communicator.
+// The board leaves nothing in /dev/shm.
+BOOST_AUTO_TEST_CASE(a_gpu_ranks_failed_call_or_abort_reaches_its_peers_within_a_second) {
+  const int before = shm_objects();
+  const std::string gpu = std::string("FAULTS_GPU_MODULES=") + FAULTS_GPU_MODULES +
+                          " RECORDING_BLOCK_AT=5 ARBITER_CONFIG=";
+  for (int ranks : {2, 3}) {
+    BOOST_TEST_CONTEXT(ranks << " ranks, a failed call") {
+      const int victim = ranks - 1;
+      const Run run = start(ranks, "gpu-calls", "", victim,
+                            gpu + " RECORDING_FAIL_RANK=" + std::to_string(victim));
+      const std::string failed = line_with(run.outputs[victim], "failed call");
+      BOOST_TEST(contains(failed, "failed call 5 "), run.all);
+      BOOST_TEST(contains(failed, "status 6:"), failed);  // ARBITER_INTERNAL
+      check_call_fault(run, victim, 5,
+                       "rank " + std::to_string(victim) + "'s call 5 failed (ARBITER_INTERNAL",
+                       1.0);
+    }
+    BOOST_TEST_CONTEXT(ranks << " ranks, abort()") {
+      const Run run = start(ranks, "gpu-abort", "", -1, gpu);
+      const std::regex abort_at("abort at ([0-9]+)");
+      std::smatch m;
+      BOOST_TEST_REQUIRE(std::regex_search(run.outputs[0], m, abort_at), run.all);
+      const double aborted = std::stod(m[1]) * 1e-9;
+      for (int r = 0; r < ranks; ++r) {
+        const std::string& out = run.outputs[r];
+        const std::regex returned("returned at ([0-9]+): status ([0-9]+): ([^\n]*)");
+        BOOST_TEST_REQUIRE(std::regex_search(out, m, returned), run.all);
+        const double after = std::stod(m[1]) * 1e-9 - aborted;
+        const int status = std::stoi(m[2]);
+        const std::string message = m[3];
+        if (r == 0) {
+          BOOST_TEST(status == 7, message);  // ARBITER_ABORTED
+          BOOST_TEST(after <= 0.1, "returned " << after << " s after the abort");
+        } else {
+          BOOST_TEST(status == 5, message);  // ARBITER_PEER_FAILED
+          BOOST_TEST(contains(message, "rank 0 aborted the communicator"), message);
+          BOOST_TEST(after <= 1.0, "returned " << after << " s after the abort");
+        }
+        BOOST_TEST(seconds_after(out, "next call status") < 0.05, out);
+        BOOST_TEST(contains(out, "survivors ok"), run.all);
+      }
+    }
+  }
+  BOOST_TEST(shm_objects() == before);
+}
+
+// An allocation of registered memory is a collective like a call: one
+// that times out (rank 0 allocates while rank 1 calls) leaves the ranks out
+// of step, so, as after a failed call, the next call or allocation on every
+// rank fails at once instead of pairing with another rank's collective.
+BOOST_AUTO_TEST_CASE(an_allocation_that_times_out_leaves_the_communicator_unusable) {
+  const int before = shm_objects();
+  const Run run = start(2, "alloc-fault", "", -1, "FAULTS_TIMEOUT_MS=2000");
+  for (int r = 0; r < 2; ++r) {
+    BOOST_TEST_CONTEXT("rank " << r) {
+      const std::string& out = run.outputs[r];
+      const std::string first = line_with(out, "first status");
+      BOOST_TEST((contains(first, "status 4 ") || contains(first, "status 5 ")), run.all);
+      const double waited = seconds_after(out, "first status");
+      BOOST_TEST((waited >= 1.5 && waited <= 4.0), first);
+      const std::string next = line_with(out, "next status");
+      BOOST_TEST(!contains(next, "status 0 "), run.all);
+      BOOST_TEST(contains(next, "left this communicator unusable"), next);
+      BOOST_TEST(seconds_after(out, "next status") < 0.05, next);
+      BOOST_TEST(contains(out, "faulted yes"), run.all);
+      BOOST_TEST(contains(out, "done"), run.all);
+    }
+  }
+  BOOST_TEST(shm_objects() == before);
+}
+
 // A rank that stops (SIGSTOP) mid-call is alive: the deadline (2 s here)
 // ends the wait, and every survivor names the rank that did not arrive.
 BOOST_AUTO_TEST_CASE(a_rank_that_stops_is_named_at_the_deadline) {
