@@ -16,6 +16,7 @@ from . import _library, _numpy_call
 from ._results import FP8_HINT, OUTPUTS, FusionResult, nvfp4_scale_bytes, stream_handle
 from .arrays import Borrowed, borrow
 from .errors import invalid_argument as _invalid
+from .errors import real_number as _real
 from .policy import Dtype, Pattern, parse_pattern
 
 # What each pattern writes when `out` does not say otherwise, and what it
@@ -147,9 +148,9 @@ def _run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
         wv = _borrow(comm, weight, "weight", handle, held)
         _check(wv, "weight", (hidden,), elements)
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            raise _invalid(f"eps {eps!r} must be finite and >= 0")
+            eps = _real(eps, "eps", nonnegative=True)  # a numpy scalar, or refused
         if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
-            raise _invalid(f"weight_bias {weight_bias!r} must be finite")
+            weight_bias = _real(weight_bias, "weight_bias")
         residual_at, gamma_at = (0 if rv is None else rv.address), wv.address
         flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
     elif residual is not None or weight is not None:

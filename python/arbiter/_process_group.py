@@ -26,6 +26,10 @@ class GroupOob:
                            "torch.distributed.init_process_group(...) first")
         if group is None:
             group = dist.group.WORLD
+        if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+            raise _invalid("from_process_group: this rank is not a member of the group "
+                           "(new_group() returns NON_GROUP_MEMBER on the ranks it leaves "
+                           "out); only the group's ranks create its communicator")
         if not isinstance(group, dist.ProcessGroup):
             raise _invalid(f"from_process_group: a {type(group).__name__} is not a "
                            "torch.distributed ProcessGroup")

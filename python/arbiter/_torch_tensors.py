@@ -22,6 +22,7 @@ from . import _library
 from .arrays import Borrowed
 from ._results import OUTPUTS, nvfp4_scale_bytes
 from .errors import invalid_argument as _invalid
+from .errors import real_number as _real
 from .policy import Dtype
 
 TORCH_DTYPES = {Dtype.FP16: torch.float16, Dtype.BF16: torch.bfloat16, Dtype.FP32: torch.float32}
@@ -118,9 +119,9 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
             _check(residual, "residual", shape, dtype, device)
         _check(weight, "weight", (hidden,), dtype, device)
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            raise _invalid(f"eps {eps!r} must be finite and >= 0")
+            eps = _real(eps, "eps", nonnegative=True)  # a numpy scalar, or refused
         if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
-            raise _invalid(f"weight_bias {weight_bias!r} must be finite")
+            weight_bias = _real(weight_bias, "weight_bias")
     elif residual is not None or weight is not None:
         raise _invalid("pattern allreduce takes no residual or weight")
     if replicated is not True and replicated is not False:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import sys
 import threading
 
@@ -457,10 +458,15 @@ class Communicator:
                                f"empty(): this communicator runs on CUDA device {self.device}, "
                                f"whose registered memory is device memory, and empty() returns "
                                f"numpy (host) arrays; use arbiter.torch.empty(comm, shape)")
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0
-                            for n in shape):
-            raise _invalid(f"empty(): shape {shape!r} is not a tuple of positive integers")
+        parts = tuple(shape) if hasattr(shape, "__iter__") else (shape,)
+        try:  # numpy integers too (operator.index); not bools or floats
+            if any(isinstance(n, bool) for n in parts):
+                raise TypeError
+            shape = tuple(operator.index(n) for n in parts)
+        except TypeError:
+            shape = ()
+        if not shape or any(n <= 0 for n in shape):
+            raise _invalid(f"empty(): shape {parts!r} is not a tuple of positive integers")
         if dtype is None:
             kind = np.dtype(_array_call._NUMPY_TYPES[self.dtype])
         elif isinstance(dtype, Dtype) or (isinstance(dtype, str)
@@ -468,6 +474,9 @@ class Communicator:
             kind = np.dtype(_array_call._NUMPY_TYPES[parse_dtype(dtype)])
         else:
             kind = np.dtype(dtype)
+        if kind.hasobject:
+            raise _invalid(f"empty(): dtype {kind} holds pointers to Python objects, which "
+                           f"mean nothing in the peers' processes; use a numeric dtype")
         nbytes = math.prod(shape) * kind.itemsize
         owner = _Registered(self, self._alloc("empty()", nbytes), shape, kind.str)
         return np.asarray(owner)

@@ -40,3 +40,20 @@ class ArbiterError(Exception):
 def invalid_argument(message: str) -> ArbiterError:
     """The error for a bad argument caught in Python, before the C API."""
     return ArbiterError(Status.INVALID_ARGUMENT, message)
+
+
+def real_number(value, what: str, nonnegative: bool = False) -> float:
+    """`value` as a float when it is a finite real number (a Python int or
+    float, or a numpy scalar), else the error that names what is wrong with
+    it. The call paths test plain floats inline and come here otherwise."""
+    import math
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise invalid_argument(f"{what} must be a real number (a Python or numpy float), "
+                               f"not {type(value).__module__}.{type(value).__qualname__}")
+    number = float(value)
+    if not math.isfinite(number) or (nonnegative and number < 0):
+        raise invalid_argument(f"{what} {number!r} must be finite"
+                               + (" and >= 0" if nonnegative else ""))
+    return number

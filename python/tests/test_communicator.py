@@ -435,3 +435,38 @@ def test_numpy_arrays_and_buffer_protocol_views_give_the_same_bits():
         readonly.flags.writeable = False
         with pytest.raises(arbiter.ArbiterError, match=r"norm_out'\]: the array is read-only"):
             comm.allreduce_fusion(x, residual, weight, out={"norm_out": readonly})
+
+
+def test_empty_takes_numpy_integers_and_refuses_what_peers_cannot_read():
+    # A shape of numpy integers (as a model's config often holds) works; an
+    # object dtype would put this process's PyObject pointers where the
+    # peers read them, so it is refused, as is a shape of floats.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32") as comm:
+        a = comm.empty((np.int64(4), np.uint16(64)))
+        assert a.shape == (4, 64) and a.dtype == np.float32
+        b = comm.empty(np.int32(8), dtype=np.int8)
+        assert b.shape == (8,)
+        with pytest.raises(arbiter.ArbiterError, match="holds pointers to Python objects"):
+            comm.empty((4,), dtype=object)
+        with pytest.raises(arbiter.ArbiterError, match=r"shape \(4.0, 64\) is not a tuple"):
+            comm.empty((4.0, 64))
+        with pytest.raises(arbiter.ArbiterError, match=r"shape \(True,\) is not a tuple"):
+            comm.empty(True)
+        del a, b
+
+
+def test_eps_may_be_a_numpy_float_and_anything_else_is_named():
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32") as comm:
+        rng = np.random.default_rng(9)
+        x, residual, weight = (rng.standard_normal(shape).astype(np.float32)
+                               for shape in ((3, 64), (3, 64), (64,)))
+        given = comm.allreduce_fusion(x.copy(), residual.copy(), weight, eps=np.float32(1e-5))
+        same = comm.allreduce_fusion(x.copy(), residual.copy(), weight,
+                                     eps=float(np.float32(1e-5)))
+        assert np.array_equal(given.norm_out, same.norm_out)
+        with pytest.raises(arbiter.ArbiterError,
+                           match=r"eps must be a real number \(a Python or numpy float\), "
+                                 r"not builtins.str"):
+            comm.allreduce_fusion(x, residual, weight, eps="1e-5")
+        with pytest.raises(arbiter.ArbiterError, match="weight_bias -inf must be finite"):
+            comm.allreduce_fusion(x, residual, weight, weight_bias=np.float64("-inf"))

@@ -148,6 +148,8 @@ def test_nvfp4_outputs_are_made_and_refused_by_shm_with_the_reason(comm):
         (lambda a: a.update(out={"norm_out": None}), "out: norm_out is required"),
         (lambda a: a.update(stream=7), "stream: this communicator runs on host memory"),
         (lambda a: a.update(eps=float("nan")), "eps nan must be finite"),
+        (lambda a: a.update(eps=torch.tensor(1e-6)),
+         "eps must be a real number (a Python or numpy float), not torch.Tensor"),
         (lambda a: a.update(pattern="softmax"), "unknown pattern 'softmax'"),
         (lambda a: a.update(scale=1.0), "pattern residual_rmsnorm takes no scale"),
         (lambda a: a.update(residual_replicated="yes"), "must be True or False"),

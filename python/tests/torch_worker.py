@@ -138,6 +138,20 @@ def scenario_group(outdir: str) -> None:
             fail(f"backends {comm.backends}, expected ['shm']")
         record["world_size"] = comm.world_size
         paths_agree(comm, "bf16", record, saved, (2, 96))
+    # A group that leaves this rank out: new_group() gives it a placeholder,
+    # which is refused by name; the member makes a communicator alone.
+    solo = dist.new_group([0], backend="gloo")
+    if dist.get_rank() == 0:
+        with arbiter.Communicator.from_process_group(solo, hidden=HIDDEN, dtype="bf16") as comm:
+            if comm.world_size != 1:
+                fail(f"the group of rank 0 alone made a communicator of {comm.world_size}")
+    else:
+        try:
+            arbiter.Communicator.from_process_group(solo, hidden=HIDDEN, dtype="bf16")
+            fail("a group that leaves this rank out made a communicator")
+        except arbiter.ArbiterError as e:
+            if "this rank is not a member of the group" not in e.message:
+                fail(f"a group that leaves this rank out: {e.message}")
     save(outdir, record, saved)
     dist.destroy_process_group()
 
