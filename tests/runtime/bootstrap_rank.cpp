@@ -8,10 +8,16 @@
 //   --die-during R:MS   rank R vanishes (exit 0) MS after it began joining
 //   --die-after R       rank R vanishes (exit 0) right after joining
 //   --late-barrier R:MS rank R waits MS before its first barrier
+//   --stop-after R      rank R stops itself (SIGSTOP) right after joining:
+//                       alive, never answering
+//   --leave-on-failure  a failed collective destroys the bootstrap (as a
+//                       program that unwinds would) before the rank reports
+//                       it, and says "rank K left" once that is done
 //   --op-timeout MS     timeout of each collective (default 20000)
 //   --linger MS         after a failure, wait MS before exiting, so that the
 //                       launcher does not stop the others before they report
 //   --iterations N      rounds of checks (default 5)
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -48,6 +54,12 @@ std::uint8_t pattern(int rank, std::size_t i, int round) {
 }
 
 long g_linger_ms = 0;
+bool g_leave_on_failure = false;
+
+// A failure that unwinds past the Bootstrap (--leave-on-failure).
+struct Failure {
+  std::string message;
+};
 
 [[noreturn]] void fail(int rank, const std::string& message) {
   std::fprintf(stderr, "rank %d FAILED: %s\n", rank, message.c_str());
@@ -57,13 +69,15 @@ long g_linger_ms = 0;
 }
 
 void check(int rank, const arbiter::BootstrapStatus& status, const char* what) {
-  if (!status.ok()) fail(rank, std::string(what) + ": " + status.message);
+  if (status.ok()) return;
+  if (g_leave_on_failure) throw Failure{std::string(what) + ": " + status.message};
+  fail(rank, std::string(what) + ": " + status.message);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Fault delay, exit_before, sleep_instead, die_during, die_after, late_barrier;
+  Fault delay, exit_before, sleep_instead, die_during, die_after, late_barrier, stop_after;
   long op_timeout_ms = 20000;
   int iterations = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -81,6 +95,10 @@ int main(int argc, char** argv) {
       die_after = parse_fault(value);
     } else if (flag == "--late-barrier") {
       late_barrier = parse_fault(value);
+    } else if (flag == "--stop-after") {
+      stop_after = parse_fault(value);
+    } else if (flag == "--leave-on-failure") {
+      g_leave_on_failure = std::string(value) == "1";
     } else if (flag == "--op-timeout") {
       op_timeout_ms = std::atol(value);
     } else if (flag == "--iterations") {
@@ -113,6 +131,7 @@ int main(int argc, char** argv) {
     const int rank = bs.rank();
     const int world = bs.world_size();
     if (me == die_after.rank) std::_Exit(0);
+    if (me == stop_after.rank) raise(SIGSTOP);
     if (bs.local_rank() != env_int("LOCAL_RANK")) fail(rank, "local_rank differs from LOCAL_RANK");
 
     for (int round = 0; round < iterations; ++round) {
@@ -169,6 +188,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   } catch (const arbiter::BootstrapError& e) {
     fail(me, e.what());
+  } catch (const Failure& f) {
+    // The Bootstrap is gone: its teardown with a peer that never answers
+    // must neither hang nor abort the process.
+    std::printf("rank %d left\n", me);
+    std::fflush(stdout);
+    fail(me, f.message);
   }
   return 0;
 }

@@ -145,6 +145,31 @@ BOOST_AUTO_TEST_CASE(a_rank_late_for_a_collective_is_named) {
   BOOST_TEST(run.seconds < 4.5, "took " << run.seconds << " s, the deadline is 1 s");
 }
 
+// A peer that stops (SIGSTOP) after joining is alive and never answers:
+// the others' collective fails at its deadline naming it, and their
+// Bootstrap's teardown then completes. It used to abort the process inside
+// UCX (an endpoint close that the stopped peer never let finish was left
+// unreleased when the worker was destroyed), whether the stopped rank was
+// a client or rank 0.
+BOOST_AUTO_TEST_CASE(a_stopped_peer_fails_the_collective_and_teardown_does_not_abort) {
+  for (int stopped : {1, 0}) {
+    BOOST_TEST_CONTEXT("rank " << stopped << " stops") {
+      const int other = 1 - stopped;
+      const Run run = launch("--nproc 2 --timeout 60 --grace 2",
+                             "--stop-after " + std::to_string(stopped) +
+                                 " --op-timeout 1000 --leave-on-failure 1 --linger 3000");
+      const std::string& out = run.result.output;
+      BOOST_TEST(run.result.exit_code == 1, out);
+      BOOST_TEST(contains(out, "[rank " + std::to_string(other) + "] rank " +
+                                   std::to_string(other) + " left"),
+                 out);
+      BOOST_TEST(contains(out, "rank " + std::to_string(stopped) + " did not"), out);
+      BOOST_TEST(!contains(out, "SIGABRT"), out);
+      BOOST_TEST(!contains(out, "Assertion"), out);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(a_stranger_without_the_token_is_refused_and_the_job_completes) {
   const int port = arbiter::free_bootstrap_port();
   // The stranger claims rank 1 of a 2-rank job on the job's port; the real

@@ -273,12 +273,16 @@ StarGroup::~StarGroup() {
       ucp_listener_destroy(listener_);
     }
     // Sends to force-closed endpoints complete with an error; whatever is
-    // still pending is released to UCX, which frees it with the worker.
+    // still pending (a send, or a close that a stopped peer never let
+    // finish) is released to UCX, which frees it with the worker: a request
+    // the worker finds unreleased is an assertion that aborts the process.
     progress();
     for (auto& out : in_flight_) {
       if (out->request != nullptr) ucp_request_free(out->request);
     }
     in_flight_.clear();
+    for (void* request : closing_) ucp_request_free(request);
+    closing_.clear();
     ucp_worker_destroy(worker_);
   }
   if (context_ != nullptr) ucp_cleanup(context_);
@@ -290,13 +294,17 @@ void StarGroup::leave() {
     Conn* master = by_rank_.empty() ? nullptr : by_rank_[0];
     if (master != nullptr && master->joined && !master->failed && master->ep != nullptr) {
       send(master, kBye, Op::kNone, seq_, nullptr);
+      bool acknowledged = false;
       wait_until(
           [&] {
-            return master->failed ||
-                   take([&](const Inbound& m) { return m.header.kind == kByeAck; }) != nullptr;
+            acknowledged =
+                acknowledged || take([&](const Inbound& m) { return m.header.kind == kByeAck; });
+            return master->failed || acknowledged;
           },
           deadline);
-      close(master, false);
+      // A master that never answered (stopped, hung) would hold a graceful
+      // close until the deadline and beyond: force it.
+      close(master, !acknowledged);
     }
     return;
   }
@@ -311,8 +319,10 @@ void StarGroup::leave() {
         return in_flight_.empty();
       },
       deadline);
+  // A client that never said goodbye (stopped, hung) would hold a graceful
+  // close, which flushes to it, until the deadline and beyond: force it.
   for (Conn* conn : by_rank_) {
-    if (conn != nullptr) close(conn, false);
+    if (conn != nullptr) close(conn, !conn->left);
   }
 }
 
