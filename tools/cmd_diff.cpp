@@ -2,11 +2,13 @@
 // reviewer of a table change can read.
 //
 // Every decision depends on (capability, world size, nodes, pattern, dtype,
-// topology, size). The capabilities and world sizes worth visiting are those
-// with a cell in either table (any other falls back in both); nodes are 1,
-// every nodes key in a cell, and one multi-node count that no cell names
-// (all such counts decide alike). Within each, sizes are compared band by
-// band, so the comparison is exact, not sampled.
+// topology, residual, buffers, whether the call has fewer tokens than ranks,
+// size). The capabilities and world sizes worth visiting are those with a
+// cell in either table (any other falls back in both); nodes are 1, every
+// nodes key in a cell, and one multi-node count that no cell names (all such
+// counts decide alike); each with NVLink and multicast, NVLink alone, and
+// neither (a backend's needs_* rules tell them apart). Within each, sizes
+// are compared band by band, so the comparison is exact, not sampled.
 #include <algorithm>
 #include <array>
 #include <iostream>
@@ -56,6 +58,25 @@ std::string describe(const std::vector<Difference>& diffs, std::uint64_t to) {
          decision_summary(d.b) + "\n";
   }
   return s;
+}
+
+// The topologies a GPU job of `nodes` nodes may have: NVLink everywhere
+// with and without multicast, and no NVLink (a PCIe board; nodes joined by
+// a network only). CPU ranks: one node; NVLink and multicast mean nothing.
+struct Topology {
+  std::uint32_t nodes;
+  bool nvlink;
+  bool multicast;
+};
+
+std::string topology_text(const Topology& t) {
+  std::string s = std::to_string(t.nodes) + (t.nodes == 1 ? " node" : " nodes");
+  if (t.nodes == 1) {
+    if (!t.nvlink) return s + " (no NVLink)";
+    return t.multicast ? s + " (multicast)" : s;
+  }
+  if (!t.nvlink) return s + " (no NVLink domain)";
+  return s + (t.multicast ? " (NVLink domain, multicast)" : " (NVLink domain, no multicast)");
 }
 
 std::string names_text(const std::set<int>& items, int count, bool pattern) {
@@ -131,61 +152,69 @@ int cmd_diff(const Args& args) {
         }
       }
     }
-    // One node: with and without multicast (an NVL72 tray has it, an HGX
-    // board not), which a preference list may tell apart; across nodes the
-    // NVLink domain with multicast, the only multi-node topology that fuses.
-    // CPU ranks: one node, no multicast.
-    std::vector<std::pair<std::uint32_t, bool>> topologies;
+    std::vector<Topology> topologies;
     for (std::uint32_t nodes : node_counts) {
-      if (nodes == 1) topologies.push_back({1, false});
-      if (nodes > 1 || !cap.is_cpu()) topologies.push_back({nodes, true});
+      if (cap.is_cpu()) {
+        topologies.push_back({nodes, true, false});
+        continue;
+      }
+      // One node: an NVL72 tray has multicast, an HGX board not.
+      topologies.push_back({nodes, true, nodes > 1});
+      topologies.push_back({nodes, true, nodes == 1});
+      topologies.push_back({nodes, false, false});
     }
-    for (auto [nodes, multicast] : topologies) {
+    const char* const kNoDifference = "  no difference\n";
+    for (const Topology& topology : topologies) {
       // Same differences -> the (pattern, dtype) pairs that share them, per
       // variant of the call: [bit 0] a replicated residual, [bit 1]
-      // registered buffers; a variant is listed only where its differences
-      // are not those of the plain call.
-      std::array<std::map<std::string, std::map<int, std::set<int>>>, 4> groups;
+      // registered buffers, [4] fewer tokens than ranks (GPU, plain call:
+      // two-shot may need a token per rank); a variant is listed only where
+      // its differences are not those of the plain call.
+      constexpr int kFewTokens = 4;
+      std::array<std::map<std::string, std::map<int, std::set<int>>>, 5> groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
         for (int dt = 0; dt < kDtypeCount; ++dt) {
           Request r;
           r.capability = cap;
           r.world_size = ws;
-          r.nodes = nodes;
-          r.nvlink_domain = true;
-          r.multicast = multicast;
+          r.nodes = topology.nodes;
+          r.nvlink_domain = topology.nvlink;
+          r.multicast = topology.multicast;
           r.pattern = static_cast<Pattern>(pt);
           r.dtype = static_cast<Dtype>(dt);
           const std::vector<Difference> diffs = compare(a, b, r, to);
           const std::string text = diffs.empty() ? std::string() : describe(diffs, to);
           if (!diffs.empty()) groups[0][text][pt].insert(dt);
-          for (int variant = 1; variant < 4; ++variant) {
+          for (int variant = 1; variant <= kFewTokens; ++variant) {
             if ((variant & 1) && r.pattern == Pattern::kAllreduce) continue;
-            r.residual_replicated = (variant & 1) != 0;
-            r.buffers_registered = (variant & 2) != 0;
-            const std::vector<Difference> other = compare(a, b, r, to);
+            if (variant == kFewTokens && (cap.is_cpu() || ws < 2)) continue;
+            Request v = r;
+            v.residual_replicated = variant != kFewTokens && (variant & 1) != 0;
+            v.buffers_registered = variant != kFewTokens && (variant & 2) != 0;
+            if (variant == kFewTokens) v.tokens = 1;
+            const std::vector<Difference> other = compare(a, b, v, to);
             const std::string other_text = other.empty() ? std::string() : describe(other, to);
             if (other_text != text) {
-              groups[variant][other.empty() ? "  no difference\n" : other_text][pt].insert(dt);
+              groups[variant][other.empty() ? kNoDifference : other_text][pt].insert(dt);
             }
           }
         }
       }
-      for (int variant = 0; variant < 4; ++variant)
+      for (int variant = 0; variant <= kFewTokens; ++variant)
         for (const auto& [text, by_pattern] : groups[variant]) {
           // Collapse patterns that share the same dtype set.
           std::map<std::set<int>, std::set<int>> by_dtypes;
           for (const auto& [pt, dts] : by_pattern) by_dtypes[dts].insert(pt);
           for (const auto& [dts, pts] : by_dtypes) {
-            ++differing;
+            // A variant where the plain call's differences vanish is shown,
+            // but it is not a group of decisions that differ.
+            if (text != kNoDifference) ++differing;
             std::cout << "capability " << capability_name(cap) << ", world size " << ws << ", "
-                      << nodes << (nodes == 1 ? " node" : " nodes")
-                      << (nodes > 1 ? " (NVLink domain, multicast)"
-                                    : (multicast ? " (multicast)" : ""))
-                      << ", " << names_text(pts, kPatternCount, true) << ", "
-                      << names_text(dts, kDtypeCount, false)
-                      << ((variant & 1) ? ", residual replicated" : "")
-                      << ((variant & 2) ? ", registered buffers" : "") << ":\n"
+                      << topology_text(topology) << ", " << names_text(pts, kPatternCount, true)
+                      << ", " << names_text(dts, kDtypeCount, false)
+                      << (variant != kFewTokens && (variant & 1) ? ", residual replicated" : "")
+                      << (variant != kFewTokens && (variant & 2) ? ", registered buffers" : "")
+                      << (variant == kFewTokens ? ", fewer tokens than ranks" : "") << ":\n"
                       << text;
           }
         }

@@ -13,10 +13,14 @@ std::vector<Band> sweep(const Policy& policy, const Request& request, std::uint6
   if (from > to) return bands;
   const Tables& t = policy.tables();
   std::vector<std::uint64_t> edges;  // decisions may differ between e and e+1
+  // Only cells whose keys match the request can decide it (a site table
+  // may hold thousands for other shapes).
   for (const Cell& c : t.fusion) {
-    if (!c.off) edges.push_back(c.max_bytes);
+    if (!c.off && c.key.matches(request)) edges.push_back(c.max_bytes);
   }
-  for (const Cell& c : t.oneshot) edges.push_back(c.max_bytes);
+  for (const Cell& c : t.oneshot) {
+    if (c.key.matches(request)) edges.push_back(c.max_bytes);
+  }
   if (request.world_size > 0) {
     for (const BackendRules& r : t.backends) {
       if (r.defined && r.algorithm == AlgorithmRule::kThreshold) {

@@ -231,6 +231,48 @@ BOOST_AUTO_TEST_CASE(diff_reports_changed_decisions_in_words) {
   BOOST_TEST(r.exit_code == 2);
 }
 
+// Rules that matter only off the default topology, or for calls of fewer
+// tokens than ranks, are seen too (diff once compared only NVLink jobs of
+// unknown token count, and said "no decision differs" for these); a variant
+// where the plain call's differences vanish is shown but not counted.
+BOOST_AUTO_TEST_CASE(diff_sees_every_topology_and_calls_of_fewer_tokens_than_ranks) {
+  struct Case {
+    const char* yaml;
+    const char* heading;
+    const char* change;
+  };
+  const Case cases[] = {
+      {"backends:\n  mnnvl: {needs_multicast: false}\n",
+       "capability 90, world size 2, 2 nodes (NVLink domain, no multicast), allreduce",
+       "bytes <= 512 KiB: nccl native unfused (no eligible fused backend)  ->  mnnvl oneshot "
+       "fused"},
+      {"backends:\n  trtllm: {needs_nvlink: false}\n",
+       "capability 90, world size 2, 1 node (no NVLink), allreduce",
+       "bytes <= 32 MiB: nccl native unfused (no eligible fused backend)  ->  trtllm oneshot "
+       "fused"},
+      {"backends:\n  trtllm: {twoshot_needs_tokens_ge_world_size: false}\n",
+       "capability 100, world size 2, 1 node, all patterns, all dtypes, fewer tokens than ranks",
+       "32 MiB < bytes <= 64 MiB: trtllm oneshot fused  ->  trtllm twoshot fused"},
+  };
+  const std::string site = "cli_test_diff_site.yaml";
+  for (const Case& c : cases) {
+    std::ofstream(site) << "format: 1\n" << c.yaml;
+    const CommandResult r = run_arbiter("diff preset:default " + site);
+    BOOST_TEST(r.exit_code == 1, c.yaml << r.output);
+    BOOST_TEST(contains(r.output, std::string(c.heading)), r.output);
+    BOOST_TEST(contains(r.output, std::string(c.change)), r.output);
+  }
+  // shm's threshold moves the copied call; registered calls decide by their
+  // own one-shot cells, so for them the difference vanishes: shown, not
+  // counted.
+  std::ofstream(site) << "format: 1\nbackends:\n  shm: {oneshot_max_total: 512KiB}\n";
+  const CommandResult r = run_arbiter("diff preset:default " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "registered buffers:\n  no difference\n"), r.output);
+  BOOST_TEST(contains(r.output, "3 group(s) of decisions differ"), r.output);
+  std::remove(site.c_str());
+}
+
 // The replicated residual: decide, show and diff see the cells keyed by it.
 BOOST_AUTO_TEST_CASE(a_replicated_residual_is_a_request_dimension_in_every_command) {
   const std::string site = shell_quote(data_path("good/residual_replicated.yaml"));
