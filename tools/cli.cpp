@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include <charconv>
+
 #include <cctype>
 #include <iostream>
 
@@ -29,6 +31,20 @@ const std::string* placeholder_argument(const Args& args) {
 
 }  // namespace
 
+void validate(boost::any& out, const std::vector<std::string>& values, Count*, int) {
+  po::validators::check_first_occurrence(out);
+  const std::string& text = po::validators::get_single_string(values);
+  std::uint32_t n = 0;
+  const char* end = text.data() + text.size();
+  const auto [at, error] = std::from_chars(text.data(), end, n);
+  if (text.empty() || error != std::errc() || at != end) {
+    throw po::invalid_option_value(text);
+  }
+  out = Count{n};
+}
+
+std::ostream& operator<<(std::ostream& out, const Count& c) { return out << c.value; }
+
 po::variables_map parse(const Args& args, const po::options_description& desc,
                         const po::positional_options_description* positional) {
   po::variables_map vm;
@@ -36,7 +52,10 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
     po::command_line_parser parser(args);
     parser.options(desc).style(po::command_line_style::default_style &
                                ~po::command_line_style::allow_guessing);
-    if (positional) parser.positional(*positional);
+    // Without positionals a command takes none: a stray word (a table
+    // file without --config, say) is an error, not silently ignored.
+    const po::positional_options_description none;
+    parser.positional(positional ? *positional : none);
     po::store(parser.run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
@@ -44,10 +63,20 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
     // offending argument, in a loop that never ends (while the message
     // grows) when that argument contains the placeholder itself. Found by
     // fuzzing: `arbiter decide --x%original_token%` hung. Say it without
-    // what() then.
+    // what() then, before anything below calls it.
     if (const std::string* bad = placeholder_argument(args)) {
       throw UsageError{"cannot parse the arguments: '" + *bad +
                        "' is not an option or value this command takes"};
+    }
+    if (dynamic_cast<const po::too_many_positional_options_error*>(&e) != nullptr) {
+      throw UsageError{positional == nullptr
+                           ? std::string("this command takes no bare words, only options: a "
+                                         "table file goes after --config")
+                           : std::string("too many bare words (file names) for this command")};
+    }
+    if (dynamic_cast<const po::invalid_option_value*>(&e) != nullptr) {
+      // Only Count's validate() throws it here.
+      throw UsageError{std::string(e.what()) + ": a whole number from 0 to 4294967295 is expected"};
     }
     throw UsageError{e.what()};
   }
@@ -84,8 +113,8 @@ void add_request_options(po::options_description& desc, bool with_size) {
   auto add = desc.add_options();
   add("capability", po::value<std::string>(),
       "SM capability: 103, 10.3, sm_103, or cpu (required)");
-  add("world-size", po::value<std::uint32_t>(), "ranks in the all-reduce (required)");
-  add("nodes", po::value<std::uint32_t>()->default_value(1), "hosts the ranks span");
+  add("world-size", po::value<Count>(), "ranks in the all-reduce (required)");
+  add("nodes", po::value<Count>()->default_value(Count{1}, "1"), "hosts the ranks span");
   add("nvlink-domain", po::bool_switch(), "multi-node: all ranks share one NVLink domain (MNNVL)");
   add("no-nvlink", po::bool_switch(), "single node without NVLink peer access");
   add("multicast", po::bool_switch(), "NVLink multicast usable on all ranks");
@@ -101,8 +130,8 @@ void add_request_options(po::options_description& desc, bool with_size) {
   if (with_size) {
     add("bytes", po::value<std::string>(),
         "per-rank message size: 524288, 512KiB, 64MiB (a plain number is bytes)");
-    add("tokens", po::value<std::uint32_t>(), "tokens in the call (with --hidden)");
-    add("hidden", po::value<std::uint32_t>(), "hidden size (with --tokens)");
+    add("tokens", po::value<Count>(), "tokens in the call (with --hidden)");
+    add("hidden", po::value<Count>(), "hidden size (with --tokens)");
   }
 }
 
@@ -119,11 +148,11 @@ Request read_request(const po::variables_map& vm, bool with_size) {
   Parsed<Capability> cap = parse_capability(vm["capability"].as<std::string>());
   if (!cap) throw UsageError{"--capability: " + cap.error};
   r.capability = *cap.value;
-  r.world_size = vm["world-size"].as<std::uint32_t>();
+  r.world_size = vm["world-size"].as<Count>().value;
   if (r.world_size < 1) {
     throw UsageError{"--world-size 0: a group has at least 1 rank"};
   }
-  r.nodes = vm["nodes"].as<std::uint32_t>();
+  r.nodes = vm["nodes"].as<Count>().value;
   if (r.nodes < 1 || r.nodes > r.world_size) {
     throw UsageError{"--nodes " + std::to_string(r.nodes) +
                      " must be between 1 and the world size " + std::to_string(r.world_size)};
@@ -161,8 +190,8 @@ Request read_request(const po::variables_map& vm, bool with_size) {
   if (bytes) {
     r.message_bytes = size_flag("bytes", vm["bytes"].as<std::string>());
   } else if (tokens && hidden) {
-    r.tokens = vm["tokens"].as<std::uint32_t>();
-    r.hidden = vm["hidden"].as<std::uint32_t>();
+    r.tokens = vm["tokens"].as<Count>().value;
+    r.hidden = vm["hidden"].as<Count>().value;
     if (r.tokens == 0 || r.hidden == 0) throw UsageError{"--tokens and --hidden must be positive"};
     r.message_bytes = Request::message_bytes_of(r.tokens, r.hidden, r.dtype);
     if (r.message_bytes > kMaxSizeBytes) {

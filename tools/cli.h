@@ -25,6 +25,15 @@ struct UsageError {
 
 using Args = std::vector<std::string>;
 
+// A whole number flag, 0 .. 2^32 - 1. Boost reads "-1" into an unsigned by
+// wrapping it (to 4294967295), so these flags parse through their own
+// validate() instead, which refuses a sign, a fraction and an overflow.
+struct Count {
+  std::uint32_t value = 0;
+};
+void validate(boost::any& out, const std::vector<std::string>& values, Count*, int);
+std::ostream& operator<<(std::ostream& out, const Count& c);
+
 // Parses args against desc (+ positionals). Throws UsageError.
 po::variables_map parse(const Args& args, const po::options_description& desc,
                         const po::positional_options_description* positional = nullptr);

@@ -69,8 +69,8 @@ int cmd_footprint(const Args& args) {
   po::options_description desc("arbiter footprint options");
   add_request_options(desc, /*with_size=*/false);
   add_config_option(desc);
-  desc.add_options()("hidden", po::value<std::uint32_t>(), "the model's hidden size (required)")(
-      "max-tokens", po::value<std::uint32_t>()->default_value(0),
+  desc.add_options()("hidden", po::value<Count>(), "the model's hidden size (required)")(
+      "max-tokens", po::value<Count>()->default_value(Count{0}, "0"),
       "the largest call's tokens (sizes the fallback; 0: unknown, as the communicator's "
       "default)")("budget", po::value<std::string>(),
                   "fail (exit 1) when the workspaces take more per rank: 4GiB, 512MiB, ...")(
@@ -85,7 +85,7 @@ int cmd_footprint(const Args& args) {
     return kExitOk;
   }
   const Request request = read_request(vm, /*with_size=*/false);
-  if (!vm.count("hidden") || vm["hidden"].as<std::uint32_t>() == 0) {
+  if (!vm.count("hidden") || vm["hidden"].as<Count>().value == 0) {
     throw UsageError{"--hidden H is required and must be positive (the model's hidden size)"};
   }
   std::optional<std::uint64_t> budget;
@@ -98,8 +98,8 @@ int cmd_footprint(const Args& args) {
   options.nodes = request.nodes;
   options.nvlink_domain = request.nvlink_domain;
   options.multicast = request.multicast;
-  options.hidden = vm["hidden"].as<std::uint32_t>();
-  options.max_tokens = vm["max-tokens"].as<std::uint32_t>();
+  options.hidden = vm["hidden"].as<Count>().value;
+  options.max_tokens = vm["max-tokens"].as<Count>().value;
   options.dtype = request.dtype;
   options.pattern_mask = 1u << static_cast<int>(request.pattern);
   const WorkspacePlan plan = plan_workspaces(*policy, options, request.world_size);

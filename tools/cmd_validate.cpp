@@ -1,6 +1,9 @@
 // arbiter validate: check table files alone and layered over the default.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "cli.h"
@@ -28,8 +31,16 @@ int cmd_validate(const Args& args) {
   for (const std::string& path : vm["file"].as<std::vector<std::string>>()) {
     std::error_code ec;
     const bool preset = path.rfind(kPresetPrefix, 0) == 0;  // embedded: nothing to open
-    if (!preset && (!std::ifstream(path) || std::filesystem::is_directory(path, ec))) {
-      std::cerr << path << ": error: cannot read the file (hint: give the path of a table file)\n";
+    // Checked without opening it: a FIFO (a table piped in) has one
+    // reading only, which the load below must get.
+    if (!preset && std::filesystem::is_directory(path, ec)) {
+      std::cerr << path << ": error: is a directory (hint: give the path of a table file)\n";
+      ++unreadable;
+      continue;
+    }
+    if (!preset && ::access(path.c_str(), R_OK) != 0) {
+      std::cerr << path << ": error: cannot read the file: " << std::strerror(errno)
+                << " (hint: give the path of a table file)\n";
       ++unreadable;
       continue;
     }

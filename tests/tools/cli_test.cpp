@@ -156,6 +156,45 @@ BOOST_AUTO_TEST_CASE(bad_flags_are_usage_errors) {
       contains(run_arbiter("decide --capability 90 --world-size 8 --bytes 64MB").output, "binary"));
 }
 
+// Boost reads "-1" into an unsigned flag by wrapping it (world size
+// 4294967295, hidden 4294963200, ...), and a command without positionals
+// ignored a stray word (a table file without --config). Both are usage
+// errors now, saying what was expected.
+BOOST_AUTO_TEST_CASE(negative_counts_and_stray_words_are_usage_errors) {
+  const std::string whole = "a whole number from 0 to 4294967295 is expected";
+  for (const char* args :
+       {"decide --capability cpu --world-size -4294967294 --bytes 1",
+        "decide --capability cpu --world-size -1 --bytes 1",
+        "decide --capability 90 --world-size 8 --bytes 1 --nodes -1",
+        "decide --capability 90 --world-size 8 --tokens -4294967295 --hidden 8",
+        "decide --capability 90 --world-size 8 --tokens 2 --hidden -4096",
+        "decide --capability 90 --world-size 8.5 --bytes 1",
+        "decide --capability 90 --world-size 4294967296 --bytes 1",
+        "sweep --capability 90 --world-size -1",
+        "footprint --capability cpu --world-size 2 --hidden -1",
+        "footprint --capability cpu --world-size 2 --hidden 64 --max-tokens -1"}) {
+    BOOST_TEST_CONTEXT(args) {
+      const CommandResult r = run_arbiter(args);
+      BOOST_TEST(r.exit_code == 2, r.output);
+      BOOST_TEST(contains(r.output, whole), r.output);
+    }
+  }
+  for (const char* args : {"show configs/default.yaml",
+                           "decide --capability 103 --world-size 8 --bytes 6MiB site.yaml",
+                           "sweep --capability 90 --world-size 8 extra", "plugins extra"}) {
+    BOOST_TEST_CONTEXT(args) {
+      const CommandResult r = run_arbiter(args);
+      BOOST_TEST(r.exit_code == 2, r.output);
+      BOOST_TEST(contains(r.output, "a table file goes after --config"), r.output);
+    }
+  }
+  const CommandResult r = run_arbiter("diff preset:default preset:default preset:default");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  // The largest count still parses.
+  BOOST_TEST(run_arbiter("decide --capability cpu --world-size 4294967295 --bytes 1").exit_code ==
+             0);
+}
+
 BOOST_AUTO_TEST_CASE(arbiter_backends_restricts_the_choice) {
   const std::string cmd = "env ARBITER_BACKENDS=trtllm,nccl " + std::string(ARBITER_BIN) + " " +
                           kNvl72 + "--bytes 1MiB";
@@ -397,6 +436,25 @@ BOOST_AUTO_TEST_CASE(presets_layer_by_name_and_diff_against_the_default) {
                     name + ".yaml");
     BOOST_TEST(r.exit_code == 0, name << ": " << r.output);
   }
+}
+
+// validate opened each file once to see that it can be read and again to
+// load it: a table piped in through a FIFO was then valid, empty or a hang,
+// run by run. It now checks without opening; a directory says so.
+BOOST_AUTO_TEST_CASE(validate_reads_a_fifo_once_and_names_a_directory) {
+  const std::string fifo = "cli_test_table.fifo";
+  std::remove(fifo.c_str());
+  for (int run = 0; run < 3; ++run) {
+    const CommandResult r =
+        run_command("mkfifo " + fifo + " && (printf 'format: 1\\n' > " + fifo +
+                    " &) && timeout 20 " + std::string(ARBITER_BIN) + " validate " + fifo +
+                    "; status=$?; rm -f " + fifo + "; exit $status");
+    BOOST_TEST(r.exit_code == 0, r.output);
+    BOOST_TEST(contains(r.output, fifo + ": valid"), r.output);
+  }
+  const CommandResult dir = run_arbiter("validate " + std::string(ARBITER_TEST_DATA));
+  BOOST_TEST(dir.exit_code == 2, dir.output);
+  BOOST_TEST(contains(dir.output, "is a directory"), dir.output);
 }
 
 BOOST_AUTO_TEST_CASE(endless_input_ends_in_an_error_not_a_hang) {
