@@ -116,6 +116,13 @@ class Merger {
   void warning_at(std::uint16_t id, std::string msg, std::string hint = {}) {
     report(Severity::kWarning, id, std::move(msg), std::move(hint));
   }
+  // Of two settings that clash, the one a later layer wrote: where the
+  // change came from (origin ids grow with the layers).
+  static std::uint16_t later(std::uint16_t a, std::uint16_t b) {
+    if (a == kNoOrigin) return b;
+    if (b == kNoOrigin) return a;
+    return std::max(a, b);
+  }
   // "file:line" of `id`, for messages that point at a second place.
   std::string place(std::uint16_t id) const {
     const Origin* o = t_.find_origin(id);
@@ -276,9 +283,14 @@ class Merger {
       if (!need_defined(t_.fallback[k], t_.fallback_origin[k], where)) continue;
       const BackendRules& r = t_.backends[static_cast<int>(t_.fallback[k])];
       if (r.device != kind) {
-        error_at(t_.fallback_origin[k],
-                 where + " is '" + std::string(backend_name(t_.fallback[k])) + "', a " +
-                     std::string(device_kind_name(r.device)) + " backend",
+        // Reported where the later of the two settings is (a site file that
+        // moved the backend to the other device, say), naming both.
+        const std::string name(backend_name(t_.fallback[k]));
+        const std::uint16_t device_at = r.origins[BackendRules::kDevice];
+        error_at(later(t_.fallback_origin[k], device_at),
+                 where + " is '" + name + "' (" + place(t_.fallback_origin[k]) + "), a " +
+                     std::string(device_kind_name(r.device)) + " backend (backends." + name +
+                     ".device, " + place(device_at) + ")",
                  "the fallback must run on the same device kind as the ranks");
       } else {
         warn_if_not_enabled(t_.fallback[k], t_.fallback_origin[k],
@@ -294,9 +306,12 @@ class Merger {
         if (!need_defined(b, t_.preference_origin[k], where)) continue;
         const BackendRules& r = t_.backends[static_cast<int>(b)];
         if (r.device != want) {
-          error_at(t_.preference_origin[k],
-                   where + " lists '" + std::string(backend_name(b)) + "', a " +
-                       std::string(device_kind_name(r.device)) + " backend",
+          const std::string name(backend_name(b));
+          const std::uint16_t device_at = r.origins[BackendRules::kDevice];
+          error_at(later(t_.preference_origin[k], device_at),
+                   where + " lists '" + name + "' (" + place(t_.preference_origin[k]) + "), a " +
+                       std::string(device_kind_name(r.device)) + " backend (backends." + name +
+                       ".device, " + place(device_at) + ")",
                    topo == Topology::kCpu ? "list only cpu backends (shm) here"
                                           : "list only gpu backends here");
         } else {

@@ -457,6 +457,21 @@ BOOST_AUTO_TEST_CASE(validate_reads_a_fifo_once_and_names_a_directory) {
   BOOST_TEST(contains(dir.output, "is a directory"), dir.output);
 }
 
+// A site file that moves the fallback backend to the other device clashes
+// with the default's fallback line: the error is at the site file's line
+// (where the change came from) and names both places. It named only
+// default.yaml, which the operator did not edit.
+BOOST_AUTO_TEST_CASE(a_device_clash_is_reported_at_the_site_file_naming_both_places) {
+  const std::string site = "cli_test_device_clash.yaml";
+  std::ofstream(site) << "format: 1\nbackends:\n  nccl: {device: cpu}\n";
+  const CommandResult r = run_arbiter("validate " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, site + ":3:"), r.output);
+  BOOST_TEST(contains(r.output, "fallback.gpu is 'nccl' (default.yaml:"), r.output);
+  BOOST_TEST(contains(r.output, "a cpu backend (backends.nccl.device, " + site + ":3)"), r.output);
+  std::remove(site.c_str());
+}
+
 BOOST_AUTO_TEST_CASE(endless_input_ends_in_an_error_not_a_hang) {
   const CommandResult r = run_command("timeout 20 " + arbiter_command("validate /dev/zero"));
   BOOST_TEST(r.exit_code == 1, r.output);
