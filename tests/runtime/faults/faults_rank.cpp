@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -239,6 +240,31 @@ CommunicatorPtr make_gpu_communicator(int rank, const arbiter_oob& oob) {
                                                  gpu_registry(), o);
 }
 
+// Makes call `call` (its arguments from `args`) while rank 0 aborts 300 ms
+// into it from another thread, saying when it returned and with what; then
+// the next call, and the teardown.
+void call_while_rank_0_aborts(int rank, CommunicatorPtr& comm,
+                              const std::function<arbiter_allreduce_args(int call)>& args,
+                              int call) {
+  std::thread aborter;
+  if (rank == 0) {
+    aborter = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      say(rank, "abort at " + std::to_string(now_ns()));
+      comm->abort();
+    });
+  }
+  const auto r = comm->allreduce_fusion(args(call), nullptr);
+  say(rank, "returned at " + std::to_string(now_ns()) + ": status " + std::to_string(r.status) +
+                ": " + r.error);
+  if (aborter.joinable()) aborter.join();
+  const auto again = Clock::now();
+  const auto next = comm->allreduce_fusion(args(call + 1), nullptr);
+  say(rank, "next call status " + std::to_string(next.status) + " after " +
+                std::to_string(since(again)) + " s");
+  teardown(rank, comm);
+}
+
 // One-token calls (one backend throughout) until one fails; the recording
 // modules compute nothing, so results are not checked.
 void mode_gpu_calls(int rank, arbiter::Bootstrap& boot) {
@@ -279,23 +305,8 @@ void mode_gpu_abort(int rank, arbiter::Bootstrap& boot) {
       return;
     }
   }
-  std::thread aborter;
-  if (rank == 0) {
-    aborter = std::thread([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      say(rank, "abort at " + std::to_string(now_ns()));
-      comm->abort();
-    });
-  }
-  const auto r = comm->allreduce_fusion(b.allreduce(rank, 5, 1), nullptr);
-  say(rank, "returned at " + std::to_string(now_ns()) + ": status " + std::to_string(r.status) +
-                ": " + r.error);
-  if (aborter.joinable()) aborter.join();
-  const auto again = Clock::now();
-  const auto next = comm->allreduce_fusion(b.allreduce(rank, 6, 1), nullptr);
-  say(rank, "next call status " + std::to_string(next.status) + " after " +
-                std::to_string(since(again)) + " s");
-  teardown(rank, comm);
+  call_while_rank_0_aborts(
+      rank, comm, [&](int call) { return b.allreduce(rank, call, 1); }, 5);
   try {
     comm = make_gpu_communicator(rank, *boot.oob());
     for (int call = 0; call < 3; ++call) {
@@ -360,24 +371,9 @@ void mode_abort(int rank, arbiter::Bootstrap& boot) {
   }
   const bool late = rank == boot.world_size() - 1;
   if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  std::thread aborter;
-  if (rank == 0) {
-    aborter = std::thread([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      say(rank, "abort at " + std::to_string(now_ns()));
-      comm->abort();
-    });
-  }
   Buffers b;
-  const auto r = comm->allreduce_fusion(b.allreduce(rank, 10, 8), nullptr);
-  say(rank, "returned at " + std::to_string(now_ns()) + ": status " + std::to_string(r.status) +
-                ": " + r.error);
-  if (aborter.joinable()) aborter.join();
-  const auto again = Clock::now();
-  const auto next = comm->allreduce_fusion(b.allreduce(rank, 11, 8), nullptr);
-  say(rank, "next call status " + std::to_string(next.status) + " after " +
-                std::to_string(since(again)) + " s");
-  teardown(rank, comm);
+  call_while_rank_0_aborts(
+      rank, comm, [&](int call) { return b.allreduce(rank, call, 8); }, 10);
   // Nobody died: the same group makes a new communicator.
   try {
     comm = make_communicator(*boot.oob());

@@ -133,6 +133,38 @@ void check_call_fault(const Run& run, int victim, int status, const std::string&
   }
 }
 
+// What every rank of an abort run must show: rank 0 (which aborted) returns
+// ARBITER_ABORTED within 100 ms of its abort(), the others
+// ARBITER_PEER_FAILED naming rank 0 within a second (all but the last rank
+// when `last_is_late`: it joins after the abort and fails at once), every
+// later call fails at once, and the group makes a new communicator.
+void check_abort(const Run& run, int ranks, bool last_is_late) {
+  const std::regex abort_at("abort at ([0-9]+)");
+  std::smatch m;
+  BOOST_TEST_REQUIRE(std::regex_search(run.outputs[0], m, abort_at), run.all);
+  const double aborted = std::stod(m[1]) * 1e-9;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string& out = run.outputs[r];
+    const std::regex returned("returned at ([0-9]+): status ([0-9]+): ([^\n]*)");
+    BOOST_TEST_REQUIRE(std::regex_search(out, m, returned), run.all);
+    const double after = std::stod(m[1]) * 1e-9 - aborted;
+    const int status = std::stoi(m[2]);
+    const std::string message = m[3];
+    if (r == 0) {
+      BOOST_TEST(status == 7, message);  // ARBITER_ABORTED
+      BOOST_TEST(after <= 0.1, "returned " << after << " s after the abort");
+    } else {
+      BOOST_TEST(status == 5, message);  // ARBITER_PEER_FAILED
+      BOOST_TEST(contains(message, "rank 0 aborted the communicator"), message);
+      if (!last_is_late || r != ranks - 1) {
+        BOOST_TEST(after <= 1.0, "returned " << after << " s after the abort");
+      }
+    }
+    BOOST_TEST(seconds_after(out, "next call status") < 0.05, out);
+    BOOST_TEST(contains(out, "survivors ok"), run.all);
+  }
+}
+
 }  // namespace
 
 // The case: the last of 3 ranks is SIGKILLed between calls (at the
@@ -208,28 +240,7 @@ BOOST_AUTO_TEST_CASE(a_gpu_ranks_failed_call_or_abort_reaches_its_peers_within_a
     }
     BOOST_TEST_CONTEXT(ranks << " ranks, abort()") {
       const Run run = start(ranks, "gpu-abort", "", -1, gpu);
-      const std::regex abort_at("abort at ([0-9]+)");
-      std::smatch m;
-      BOOST_TEST_REQUIRE(std::regex_search(run.outputs[0], m, abort_at), run.all);
-      const double aborted = std::stod(m[1]) * 1e-9;
-      for (int r = 0; r < ranks; ++r) {
-        const std::string& out = run.outputs[r];
-        const std::regex returned("returned at ([0-9]+): status ([0-9]+): ([^\n]*)");
-        BOOST_TEST_REQUIRE(std::regex_search(out, m, returned), run.all);
-        const double after = std::stod(m[1]) * 1e-9 - aborted;
-        const int status = std::stoi(m[2]);
-        const std::string message = m[3];
-        if (r == 0) {
-          BOOST_TEST(status == 7, message);  // ARBITER_ABORTED
-          BOOST_TEST(after <= 0.1, "returned " << after << " s after the abort");
-        } else {
-          BOOST_TEST(status == 5, message);  // ARBITER_PEER_FAILED
-          BOOST_TEST(contains(message, "rank 0 aborted the communicator"), message);
-          BOOST_TEST(after <= 1.0, "returned " << after << " s after the abort");
-        }
-        BOOST_TEST(seconds_after(out, "next call status") < 0.05, out);
-        BOOST_TEST(contains(out, "survivors ok"), run.all);
-      }
+      check_abort(run, ranks, /*last_is_late=*/false);
     }
   }
   BOOST_TEST(shm_objects() == before);
@@ -309,28 +320,7 @@ BOOST_AUTO_TEST_CASE(abort_returns_the_waiting_call_and_its_peers) {
   for (int ranks : {2, 3}) {
     BOOST_TEST_CONTEXT(ranks << " ranks") {
       const Run run = start(ranks, "abort", "", -1);
-      const std::regex abort_at("abort at ([0-9]+)");
-      std::smatch m;
-      BOOST_TEST_REQUIRE(std::regex_search(run.outputs[0], m, abort_at), run.all);
-      const double aborted = std::stod(m[1]) * 1e-9;
-      for (int r = 0; r < ranks; ++r) {
-        const std::string& out = run.outputs[r];
-        const std::regex returned("returned at ([0-9]+): status ([0-9]+): ([^\n]*)");
-        BOOST_TEST_REQUIRE(std::regex_search(out, m, returned), run.all);
-        const double after = std::stod(m[1]) * 1e-9 - aborted;
-        const int status = std::stoi(m[2]);
-        const std::string message = m[3];
-        if (r == 0) {
-          BOOST_TEST(status == 7, message);  // ARBITER_ABORTED
-          BOOST_TEST(after <= 0.1, "returned " << after << " s after the abort");
-        } else {
-          BOOST_TEST(status == 5, message);  // ARBITER_PEER_FAILED
-          BOOST_TEST(contains(message, "rank 0 aborted"), message);
-          if (r != ranks - 1) BOOST_TEST(after <= 1.0, "returned " << after << " s after");
-        }
-        BOOST_TEST(seconds_after(out, "next call status") < 0.05, out);
-        BOOST_TEST(contains(out, "survivors ok"), run.all);
-      }
+      check_abort(run, ranks, /*last_is_late=*/true);
     }
   }
   BOOST_TEST(shm_objects() == before);
