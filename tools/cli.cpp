@@ -69,10 +69,13 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
                        "' is not an option or value this command takes"};
     }
     if (dynamic_cast<const po::too_many_positional_options_error*>(&e) != nullptr) {
-      throw UsageError{positional == nullptr
-                           ? std::string("this command takes no bare words, only options: a "
-                                         "table file goes after --config")
-                           : std::string("too many bare words (file names) for this command")};
+      if (positional != nullptr) {
+        throw UsageError{"too many bare words (file names) for this command"};
+      }
+      throw UsageError{std::string("this command takes no bare words, only options") +
+                       (desc.find_nothrow("config", false) != nullptr
+                            ? ": a table file goes after --config"
+                            : "")};
     }
     if (dynamic_cast<const po::invalid_option_value*>(&e) != nullptr) {
       // Only Count's validate() throws it here.

@@ -167,9 +167,9 @@ int cmd_diff(const Args& args) {
     for (const Topology& topology : topologies) {
       // Same differences -> the (pattern, dtype) pairs that share them, per
       // variant of the call: [bit 0] a replicated residual, [bit 1]
-      // registered buffers, [4] fewer tokens than ranks (GPU, plain call:
-      // two-shot may need a token per rank); a variant is listed only where
-      // its differences are not those of the plain call.
+      // registered buffers, [4] fewer tokens than ranks (a plain call: a
+      // backend's two-shot may need a token per rank); a variant is listed
+      // only where its differences are not those of the plain call.
       constexpr int kFewTokens = 4;
       std::array<std::map<std::string, std::map<int, std::set<int>>>, 5> groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
@@ -187,7 +187,7 @@ int cmd_diff(const Args& args) {
           if (!diffs.empty()) groups[0][text][pt].insert(dt);
           for (int variant = 1; variant <= kFewTokens; ++variant) {
             if ((variant & 1) && r.pattern == Pattern::kAllreduce) continue;
-            if (variant == kFewTokens && (cap.is_cpu() || ws < 2)) continue;
+            if (variant == kFewTokens && ws < 2) continue;
             Request v = r;
             v.residual_replicated = variant != kFewTokens && (variant & 1) != 0;
             v.buffers_registered = variant != kFewTokens && (variant & 2) != 0;

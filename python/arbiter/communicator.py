@@ -458,12 +458,13 @@ class Communicator:
                                f"empty(): this communicator runs on CUDA device {self.device}, "
                                f"whose registered memory is device memory, and empty() returns "
                                f"numpy (host) arrays; use arbiter.torch.empty(comm, shape)")
-        parts = tuple(shape) if hasattr(shape, "__iter__") else (shape,)
+        parts = shape
         try:  # numpy integers too (operator.index); not bools or floats
+            parts = tuple(shape) if hasattr(shape, "__iter__") else (shape,)
             if any(isinstance(n, bool) for n in parts):
                 raise TypeError
             shape = tuple(operator.index(n) for n in parts)
-        except TypeError:
+        except TypeError:  # also a 0-d array, which has __iter__ and cannot iterate
             shape = ()
         if not shape or any(n <= 0 for n in shape):
             raise _invalid(f"empty(): shape {parts!r} is not a tuple of positive integers")

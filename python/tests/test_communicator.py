@@ -452,6 +452,8 @@ def test_empty_takes_numpy_integers_and_refuses_what_peers_cannot_read():
             comm.empty((4.0, 64))
         with pytest.raises(arbiter.ArbiterError, match=r"shape \(True,\) is not a tuple"):
             comm.empty(True)
+        with pytest.raises(arbiter.ArbiterError, match="is not a tuple of positive integers"):
+            comm.empty(np.array(4))  # 0-d: has __iter__, cannot iterate
         del a, b
 
 

@@ -640,7 +640,7 @@ void Communicator::Impl::open_board() {
       throw CommunicatorError("the barrier after mapping the host's fault board failed: " +
                               oob_error(oob));
     }
-  } catch (const CommunicatorError&) {
+  } catch (...) {
     abort_workspaces();  // a peer is gone: tear down without waiting on it
     destroy();
     throw;
@@ -820,7 +820,11 @@ Communicator::~Communicator() {
 
 void Communicator::abort() noexcept {
   impl_->aborted.store(true, std::memory_order_release);
-  impl_->post_fault(ARBITER_ABORTED, std::nullopt);
+  // A watchdog that aborts because a peer's fault reached this rank posts
+  // an echo, so that the peers still name the rank where it began.
+  impl_->post_fault(impl_->failed_peer.load(std::memory_order_acquire) >= 0 ? ARBITER_PEER_FAILED
+                                                                            : ARBITER_ABORTED,
+                    std::nullopt);
   impl_->abort_workspaces();
 }
 
@@ -1155,9 +1159,12 @@ Communicator::Result Communicator::alloc_registered(std::uint64_t bytes, void** 
       if (status != ARBITER_OK) {
         result.status = static_cast<arbiter_status>(status);
         result.error = w.module->last_error();
-        // A collective that timed out or lost a peer leaves the ranks out
-        // of step: later calls fail at once, as after a failed call.
-        impl_->note(result, std::nullopt);
+        // A collective that timed out leaves the ranks out of step: later
+        // calls fail at once, as after a failed call. Not ARBITER_PEER_FAILED:
+        // modules also return it on every other rank when one rank's own
+        // allocation failed (the ranks still in step, and that rank told
+        // UNAVAILABLE); a peer that is really gone fails the next call.
+        if (result.status != ARBITER_PEER_FAILED) impl_->note(result, std::nullopt);
         return result;
       }
       const RegisteredArea area{static_cast<const std::byte*>(local), bytes, b,

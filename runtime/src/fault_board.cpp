@@ -50,7 +50,7 @@ const char* fault_words(arbiter_status status) {
   }
 }
 
-std::unique_ptr<FaultBoard> FaultBoard::create(std::uint32_t world_size, std::string& error) {
+std::unique_ptr<FaultBoard> FaultBoard::create(std::uint32_t world_size, std::string& error) try {
   const std::size_t bytes = board_bytes(world_size);
   std::random_device random;
   std::string name;
@@ -83,6 +83,11 @@ std::unique_ptr<FaultBoard> FaultBoard::create(std::uint32_t world_size, std::st
   }
   // ftruncate zero-fills: no rank has posted.
   return std::unique_ptr<FaultBoard>(new FaultBoard(name, base, bytes, true));
+} catch (const std::exception& e) {
+  // std::random_device without entropy, or memory: no board, as any
+  // failure here (the board is never a reason to refuse a communicator).
+  error = e.what();
+  return nullptr;
 }
 
 std::unique_ptr<FaultBoard> FaultBoard::open(const std::string& name, std::uint32_t world_size,

@@ -79,16 +79,19 @@ PeerWatch::~PeerWatch() {
 void PeerWatch::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, kPollInterval, [this] { return stop_; })) {
+    // A post where the fault began first (a rank that aborted and then
+    // exited is named for the abort), then a dead process, then an echo
+    // (ARBITER_PEER_FAILED: a rank that heard of someone else's fault).
+    std::optional<FaultBoard::Post> post;
+    if (!board_peers_.empty()) post = board_->posted(board_peers_);
     PeerFault fault;
-    // A post first: a rank that aborted and then exited is named for the
-    // abort.
-    if (!board_peers_.empty()) {
-      if (auto post = board_->posted(board_peers_)) {
-        fault.rank = post->rank;
-        fault.post = post;
-      }
+    if (post && post->status != ARBITER_PEER_FAILED) {
+      fault = {post->rank, post};
+    } else if (const std::int32_t dead = liveness_.first_dead(); dead >= 0) {
+      fault.rank = dead;
+    } else if (post) {
+      fault = {post->rank, post};
     }
-    if (fault.rank < 0) fault.rank = liveness_.first_dead();
     if (fault.rank >= 0) {
       lock.unlock();
       on_fault_(fault);

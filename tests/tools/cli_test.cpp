@@ -181,13 +181,18 @@ BOOST_AUTO_TEST_CASE(negative_counts_and_stray_words_are_usage_errors) {
   }
   for (const char* args : {"show configs/default.yaml",
                            "decide --capability 103 --world-size 8 --bytes 6MiB site.yaml",
-                           "sweep --capability 90 --world-size 8 extra", "plugins extra"}) {
+                           "sweep --capability 90 --world-size 8 extra"}) {
     BOOST_TEST_CONTEXT(args) {
       const CommandResult r = run_arbiter(args);
       BOOST_TEST(r.exit_code == 2, r.output);
       BOOST_TEST(contains(r.output, "a table file goes after --config"), r.output);
     }
   }
+  // plugins reads no tables: no hint of a --config it does not take.
+  const CommandResult plugins = run_arbiter("plugins extra");
+  BOOST_TEST(plugins.exit_code == 2, plugins.output);
+  BOOST_TEST(contains(plugins.output, "takes no bare words, only options"), plugins.output);
+  BOOST_TEST(!contains(plugins.output, "--config"), plugins.output);
   const CommandResult r = run_arbiter("diff preset:default preset:default preset:default");
   BOOST_TEST(r.exit_code == 2, r.output);
   // The largest count still parses.
