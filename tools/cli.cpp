@@ -3,6 +3,8 @@
 #include <charconv>
 
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 
 #include "arbiter/size.h"
@@ -84,6 +86,13 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
     throw UsageError{e.what()};
   }
   return vm;
+}
+
+std::string write_error(const std::string& path, const char* what) {
+  const int error = errno;
+  return path + ": error: cannot write the " + what +
+         (error != 0 ? std::string(": ") + std::strerror(error) : std::string()) +
+         " (hint: the folder must exist and be writable)";
 }
 
 void add_config_option(po::options_description& desc) {

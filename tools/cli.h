@@ -38,6 +38,11 @@ std::ostream& operator<<(std::ostream& out, const Count& c);
 po::variables_map parse(const Args& args, const po::options_description& desc,
                         const po::positional_options_description* positional = nullptr);
 
+// "PATH: error: cannot write the WHAT: REASON" for an ofstream that failed,
+// with errno's reason when the library set one. Call it right after the
+// failure (errno changes).
+std::string write_error(const std::string& path, const char* what);
+
 // Adds --config FILE... (repeatable).
 void add_config_option(po::options_description& desc);
 

@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -396,8 +397,9 @@ int cmd_bench(const Args& args) {
   // Rank 0's output; every rank learns whether it opened.
   std::ofstream file;
   if (leader && !settings.output.empty()) {
+    errno = 0;
     file.open(settings.output, std::ios::binary | std::ios::trunc);
-    if (!file) std::cerr << settings.output << ": error: cannot write the results\n";
+    if (!file) std::cerr << write_error(settings.output, "results") << "\n";
   }
   if (!all_agree(boot, settings.output.empty() || !leader || file.is_open(), timeout)) {
     return kExitUsage;
@@ -507,9 +509,10 @@ int cmd_bench(const Args& args) {
   if (leader) {
     if (fatal) csv.comment("stopped: the job failed (see the last row); later points not measured");
     if (file.is_open()) {
+      errno = 0;
       file.close();
       if (!file) {
-        std::cerr << settings.output << ": error: cannot write the results\n";
+        std::cerr << write_error(settings.output, "results") << "\n";
         return kExitFailed;
       }
     }

@@ -4,6 +4,7 @@
 // (workspace_plan.h) and the bytes from each module's own sizing (its
 // arbiter_backend_v1_footprint companion), which needs no device: this runs
 // on any machine for any capability.
+#include <algorithm>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -58,9 +59,14 @@ Sized size_one(const Registry& registry, const PlannedWorkspace& planned) {
   return s;
 }
 
-std::string role_of(const PlannedWorkspace& w, std::uint64_t fused_cap) {
-  if (w.fallback && fused_cap > 0) return "fused, fallback";
-  return w.fallback ? "fallback" : "fused";
+// "fused" for a backend of the topology's preference list (when anything is
+// fused), "fallback" for the capability's fallback; both for shm on CPU.
+std::string role_of(const PlannedWorkspace& w, const WorkspacePlan& plan, const Policy& policy) {
+  const auto& preferred = policy.tables().preference[static_cast<int>(plan.topology)];
+  const bool fused = plan.fused_cap > 0 &&
+                     std::find(preferred.begin(), preferred.end(), w.backend) != preferred.end();
+  if (w.fallback) return fused ? "fused, fallback" : "fallback";
+  return "fused";
 }
 
 }  // namespace
@@ -145,7 +151,7 @@ int cmd_footprint(const Args& args) {
       if (i) list += ",";
       JsonObject w(list);
       w.str("backend", backend_name(s.planned.backend));
-      w.str("role", role_of(s.planned, plan.fused_cap));
+      w.str("role", role_of(s.planned, plan, *policy));
       w.num("max_message_bytes_asked", s.planned.spec.max_message_bytes);
       w.boolean("known", s.known);
       if (s.known) {
@@ -191,7 +197,7 @@ int cmd_footprint(const Args& args) {
     }
     for (const Sized& s : sized) {
       std::cout << "  " << backend_name(s.planned.backend) << " ("
-                << role_of(s.planned, plan.fused_cap) << ", sized for "
+                << role_of(s.planned, plan, *policy) << ", sized for "
                 << format_size(s.planned.spec.max_message_bytes) << "): ";
       if (!s.known) {
         std::cout << "unknown, " << s.reason << "\n";

@@ -1,5 +1,6 @@
 // arbiter plot: latency against message size from benchmark results, with
 // what the tables decide drawn behind the curves.
+#include <cerrno>
 #include <fstream>
 #include <iostream>
 
@@ -66,11 +67,12 @@ int cmd_plot(const Args& args) {
   options.tables = "tables default";
   for (const std::string& s : sites) options.tables += " + " + s;
 
+  errno = 0;
   std::ofstream file(output, std::ios::binary | std::ios::trunc);
   file << plot_svg(grouping.groups, *policy, options);
   file.close();
   if (!file) {
-    std::cerr << output << ": error: cannot write the chart\n";
+    std::cerr << write_error(output, "chart") << "\n";
     return kExitFailed;
   }
   std::cout << "wrote " << output << ": " << grouping.groups.size() << " panel"

@@ -1,6 +1,7 @@
 // arbiter tune: caps from benchmark results, the regret of the current
 // tables and of the tuned ones, and a site overlay holding the new caps.
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <ctime>
 #include <fstream>
@@ -265,11 +266,12 @@ int cmd_tune(const Args& args) {
     std::cout << overlay.yaml;
     out << "overlay: " << counts << " (on stdout)\n";
   } else {
+    errno = 0;
     std::ofstream file(output, std::ios::binary | std::ios::trunc);
     file << overlay.yaml;
     file.close();
     if (!file) {
-      std::cerr << output << ": error: cannot write the overlay\n";
+      std::cerr << write_error(output, "overlay") << "\n";
       return kExitFailed;
     }
     out << "wrote " << output << ": " << counts << "; check it with `arbiter validate " << output

@@ -250,6 +250,13 @@ BOOST_AUTO_TEST_CASE(bench_then_tune_validate_and_plot_on_shm_ranks) {
   BOOST_TEST(rc == 0, out);
   BOOST_TEST(out == overlay + ": valid\n");
 
+  // An output that cannot be written says why (the OS's reason).
+  for (const char* command : {"tune ", "plot "}) {
+    out = run_arbiter(command + files + " -o " + shell_quote(s.path("no-such-dir/out")), &rc);
+    BOOST_TEST(rc == 1, out);
+    BOOST_TEST(contains(out, "No such file or directory"), out);
+  }
+
   const std::string chart = s.path("chart.svg");
   out = run_arbiter("plot " + files + " -o " + shell_quote(chart), &rc);
   BOOST_TEST(rc == 0, out);

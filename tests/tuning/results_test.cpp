@@ -346,3 +346,19 @@ BOOST_AUTO_TEST_CASE(the_buffers_column_is_optional_and_copied_by_default) {
                                        "registered or copied"),
              d.to_string());
 }
+
+// Found by feeding `arbiter tune` what spreadsheets and typos produce: a
+// byte-order mark hid the first column's name; a number too large for 64
+// bits was 'not a whole number'; a latency near the double's limit was
+// taken, and regrets then printed inf%.
+BOOST_AUTO_TEST_CASE(a_byte_order_mark_a_huge_number_and_an_absurd_latency) {
+  const ReadResult bom = parse_results("b.csv", "\xEF\xBB\xBF" + std::string(kHeader) + kGoodRow);
+  BOOST_TEST_REQUIRE(bom.file.has_value());
+  BOOST_TEST(bom.file->rows.size() == 1u);
+  const Diagnostic huge = only_error(
+      "90,2,1,bf16,4096,32,99999999999999999999999,residual_rmsnorm,trtllm,oneshot,1,10\n");
+  BOOST_TEST(contains_text(huge.message, "is too large (at most"), huge.message);
+  const Diagnostic absurd =
+      only_error("90,2,1,bf16,4096,32,262144,residual_rmsnorm,trtllm,oneshot,1,1e308\n");
+  BOOST_TEST(contains_text(absurd.message, "not a measured latency"), absurd.message);
+}

@@ -163,6 +163,8 @@ class Reader {
 
 std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
+constexpr double kMaxLatencyUs = 1e9;
+
 bool parse_u64(std::string_view s, std::uint64_t& out) {
   if (s.empty() || !std::isdigit(static_cast<unsigned char>(s.front()))) return false;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -193,7 +195,9 @@ class RowParser {
     if (s.empty()) {
       error(column, "empty; a whole number is needed");
     } else if (!parse_u64(s, v)) {
-      error(column, quoted(s) + " is not a whole number");
+      const bool digits = s.find_first_not_of("0123456789") == std::string_view::npos;
+      error(column, quoted(s) + (digits ? " is too large (at most " + std::to_string(max) + ")"
+                                        : std::string(" is not a whole number")));
     } else if (v < min || v > max) {
       error(column, quoted(s) + " is outside " + std::to_string(min) + ".." + std::to_string(max));
     } else {
@@ -212,6 +216,12 @@ class RowParser {
     }
     if (v <= 0) {
       error(column, quoted(s) + " is not positive; a latency in microseconds is needed");
+      return 0;
+    }
+    // Regrets divide by latencies: a value near the double's limit would
+    // print as inf%. No all-reduce takes 1000 s.
+    if (v > kMaxLatencyUs) {
+      error(column, quoted(s) + " is over 1e9 us (1000 s): not a measured latency");
       return 0;
     }
     return v;
@@ -349,6 +359,9 @@ ReadResult parse_results(const std::string& name, std::string_view text) {
   ResultsFile file;
   file.path = name;
   std::vector<Diagnostic>& errors = result.diagnostics;
+  // A UTF-8 byte-order mark (spreadsheets save one) is not part of the
+  // first column's name.
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   Reader reader(name, text);
   Record record;
 
