@@ -13,6 +13,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from .errors import ArbiterError, Status
 from .errors import invalid_argument as _invalid
 
 
@@ -88,6 +89,11 @@ def rank_device(device, capability) -> tuple[int | None, object]:
         return None, "cpu"
     if device.type != "cuda":
         raise _invalid(f"device {device}: arbiter runs on cpu or cuda devices")
+    if not torch.cuda.is_available():
+        raise ArbiterError(Status.UNAVAILABLE,
+                           f"device {device}: torch sees no CUDA device here (torch "
+                           f"{torch.__version__}, CUDA build {torch.version.cuda}); pass "
+                           f"device='cpu' for CPU ranks")
     ordinal = torch.cuda.current_device() if device.index is None else device.index
     if capability is None:
         capability = torch.cuda.get_device_capability(ordinal)

@@ -192,6 +192,17 @@ def test_a_process_group_as_the_oob_points_to_from_process_group():
         arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no CUDA device")
+def test_a_cuda_device_where_torch_sees_none_is_unavailable_not_a_torch_error():
+    from arbiter._process_group import rank_device
+
+    for device in ("cuda:0", 0, torch.device("cuda", 1)):
+        with pytest.raises(arbiter.ArbiterError, match="torch sees no CUDA device here") as e:
+            rank_device(device, None)
+        assert e.value.status == arbiter.Status.UNAVAILABLE
+    assert rank_device("cpu", None) == (None, "cpu")
+
+
 class Block(torch.nn.Module):
     """A layer's tail as a tensor-parallel model writes it: a projection whose
     partial sums arbiter adds across ranks, with the residual and the norm."""
