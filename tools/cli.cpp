@@ -1,9 +1,8 @@
 #include "cli.h"
 
-#include <charconv>
-
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <iostream>
 

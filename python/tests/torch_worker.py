@@ -138,8 +138,8 @@ def scenario_group(outdir: str) -> None:
             fail(f"backends {comm.backends}, expected ['shm']")
         record["world_size"] = comm.world_size
         paths_agree(comm, "bf16", record, saved, (2, 96))
-    # A group that leaves this rank out: new_group() gives it a placeholder,
-    # which is refused by name; the member makes a communicator alone.
+    # A group that leaves this rank out: new_group() returns NON_GROUP_MEMBER
+    # to it, which is refused by name; the member makes a communicator alone.
     solo = dist.new_group([0], backend="gloo")
     if dist.get_rank() == 0:
         with arbiter.Communicator.from_process_group(solo, hidden=HIDDEN, dtype="bf16") as comm:

@@ -127,10 +127,7 @@ void FaultBoard::unlink() noexcept {
 
 void FaultBoard::post(std::int32_t rank, arbiter_status status,
                       std::optional<std::uint64_t> call) noexcept {
-  if (status == ARBITER_OK || rank < 0 ||
-      static_cast<std::size_t>(rank) >= bytes_ / sizeof(std::uint64_t)) {
-    return;
-  }
+  if (status == ARBITER_OK || !has_word(rank)) return;
   std::uint64_t empty = 0;
   words()[rank].compare_exchange_strong(empty, encode(status, call), std::memory_order_release,
                                         std::memory_order_relaxed);
@@ -140,7 +137,7 @@ std::optional<FaultBoard::Post> FaultBoard::posted(
     const std::vector<std::int32_t>& ranks) const noexcept {
   std::optional<Post> found;
   for (const std::int32_t r : ranks) {
-    if (r < 0 || static_cast<std::size_t>(r) >= bytes_ / sizeof(std::uint64_t)) continue;
+    if (!has_word(r)) continue;
     const std::uint64_t word = words()[r].load(std::memory_order_acquire);
     if (word == 0) continue;
     Post p;

@@ -60,6 +60,11 @@ class FaultBoard {
  private:
   FaultBoard(std::string name, void* base, std::size_t bytes, bool owner)
       : name_(std::move(name)), base_(base), bytes_(bytes), owner_(owner) {}
+  // Whether the board has a word for `rank` (one a caller got wrong must
+  // not touch memory past the mapping).
+  bool has_word(std::int32_t rank) const {
+    return rank >= 0 && static_cast<std::size_t>(rank) < bytes_ / sizeof(std::uint64_t);
+  }
   std::atomic<std::uint64_t>* words() const {
     return static_cast<std::atomic<std::uint64_t>*>(base_);
   }
