@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -56,6 +58,8 @@ constexpr const char* kUsage =
     "When a rank exits non-zero or is killed, or --timeout passes, the other ranks get\n"
     "SIGTERM, then SIGKILL after --grace seconds, and one line says which rank failed\n"
     "and how. When a rank exits, whatever it left running in its process group is killed.\n"
+    "At the end, arbiter's shared-memory objects that the ranks' processes left in\n"
+    "/dev/shm (a rank killed while its peers opened them) are removed, each named.\n"
     "\n"
     "exit 0: every rank exited 0; 1: a rank failed; 124: --timeout passed;\n"
     "128+N: interrupted by signal N; 2: usage error\n\n";
@@ -455,6 +459,34 @@ int Launcher::run() {
   return finish();
 }
 
+// Removes what the ranks' processes, all gone now, left in /dev/shm. A
+// rank killed between creating a shared object and the exchange after which
+// it unlinks it (its peers opened it) leaves it there: SIGTERM from this
+// launcher while it waits in that exchange, for one. arbiter's objects are
+// named arbiter-shm-[kind-]GGGGGGGGRRRRRRRR, G the creator's process group
+// (arbiter/common/shm_object.h), and each rank leads its own group.
+void remove_left_in_dev_shm(const std::vector<Rank>& ranks) {
+  namespace fs = std::filesystem;
+  constexpr std::string_view kPrefix = "arbiter-shm-";
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator("/dev/shm", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kPrefix) || name.size() < kPrefix.size() + 16) continue;
+    const std::string group = name.substr(name.size() - 16, 8);
+    if (group.find_first_not_of("0123456789abcdef") != std::string::npos) continue;
+    const auto pgid = static_cast<pid_t>(std::stoul(group, nullptr, 16));
+    for (const Rank& rank : ranks) {
+      if (rank.pid <= 0 || rank.pid != pgid) continue;
+      const std::uintmax_t bytes = entry.file_size(ec);
+      if (::shm_unlink(("/" + name).c_str()) == 0) {
+        std::cerr << "arbiter launch: removed /dev/shm/" << name << " ("
+                  << (ec ? std::string("?") : std::to_string(bytes)) << " bytes), left by rank "
+                  << rank.index << "'s processes" << std::endl;
+      }
+    }
+  }
+}
+
 int Launcher::finish() {
   for (Rank& rank : ranks_) {
     for (Stream* stream : {&rank.out, &rank.err}) {
@@ -464,6 +496,7 @@ int Launcher::finish() {
       stream->fd = -1;
     }
   }
+  remove_left_in_dev_shm(ranks_);
   if (!stopping_) return kExitOk;
   std::vector<int> stopped, killed;
   for (const Rank& rank : ranks_) {

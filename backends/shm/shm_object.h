@@ -1,33 +1,22 @@
-// One POSIX shared-memory object that the ranks of a group map: rank 0
-// creates it under a fresh name, the others open that name and map it. Used
-// for the workspace (workspace_create.cpp) and for each allocation of
-// registered memory (registered.cpp), and the few text helpers both
-// exchanges need.
+// What the workspace (workspace_create.cpp) and registered memory
+// (registered.cpp) exchanges share: their shared-memory objects
+// (arbiter/common/shm_object.h, also the runtime's fault board) and a few
+// text helpers.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "arbiter/common/shm_object.h"
 #include "arbiter_backend.h"
 #include "status.h"
 
 namespace arbiter::shm {
 
-// Creates and maps an object of `bytes` bytes named `prefix` + 16 random
-// hex digits (`name`), its pages reserved (posix_fallocate: a full /dev/shm
-// fails here, not with SIGBUS at the first touch; `full_hint` is added to
-// that error). On failure nothing is left: no name, no mapping.
-Status create_shm_object(const char* prefix, std::uint64_t bytes, const char* full_hint,
-                         std::string& name, void** base);
-
-// Opens and maps the whole of object `name`, which must hold `bytes` bytes;
-// another size is `wrong_size`: "NAME has N bytes, " + `expected`.
-Status map_shm_object(const std::string& name, std::uint64_t bytes, arbiter_status wrong_size,
-                      const std::string& expected, void** base);
-
-// `call` and errno's text.
-std::string errno_text(const std::string& call);
+using common::create_shm_object;
+using common::errno_text;
+using common::map_shm_object;
 
 // An oob call that failed with `code`: its status (an unknown code is
 // ARBITER_INTERNAL) and "WHO: oob STEP failed (code C): REASON".

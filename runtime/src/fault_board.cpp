@@ -1,14 +1,9 @@
 #include "fault_board.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <random>
+#include "arbiter/common/shm_object.h"
 
 namespace arbiter {
 
@@ -25,8 +20,6 @@ std::size_t board_bytes(std::uint32_t world_size) {
   const std::size_t words = std::size_t{world_size} * sizeof(std::uint64_t);
   return (words + page - 1) / page * page;
 }
-
-std::string errno_text(const std::string& call) { return call + ": " + std::strerror(errno); }
 
 // A post: the status in the low byte, the call + 1 above it (0: none).
 constexpr std::uint64_t encode(arbiter_status status, std::optional<std::uint64_t> call) {
@@ -52,36 +45,14 @@ const char* fault_words(arbiter_status status) {
 
 std::unique_ptr<FaultBoard> FaultBoard::create(std::uint32_t world_size, std::string& error) try {
   const std::size_t bytes = board_bytes(world_size);
-  std::random_device random;
   std::string name;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    char suffix[17];
-    std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
-    name = std::string(kNamePrefix) + suffix;
-    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno != EEXIST) {
-      error = errno_text("shm_open(" + name + ")");
-      return nullptr;
-    }
-  }
-  if (fd < 0) {
-    error = "shm_open: no free name after 16 attempts";
+  void* base = nullptr;
+  // The object starts zero-filled: no rank has posted.
+  if (const common::Status status = common::create_shm_object(kNamePrefix, bytes, "", name, &base);
+      !status.ok()) {
+    error = status.message();
     return nullptr;
   }
-  void* base = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    error = errno_text("ftruncate");
-  } else if (base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-             base == MAP_FAILED) {
-    error = errno_text("mmap");
-  }
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return nullptr;
-  }
-  // ftruncate zero-fills: no rank has posted.
   return std::unique_ptr<FaultBoard>(new FaultBoard(name, base, bytes, true));
 } catch (const std::exception& e) {
   // std::random_device without entropy, or memory: no board, as any
@@ -93,24 +64,16 @@ std::unique_ptr<FaultBoard> FaultBoard::create(std::uint32_t world_size, std::st
 std::unique_ptr<FaultBoard> FaultBoard::open(const std::string& name, std::uint32_t world_size,
                                              std::string& error) {
   const std::size_t bytes = board_bytes(world_size);
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    error = errno_text("shm_open(" + name + ")");
+  void* base = nullptr;
+  if (const common::Status status =
+          common::map_shm_object(name, bytes, ARBITER_MISMATCH,
+                                 "not the " + std::to_string(bytes) + " of a board for " +
+                                     std::to_string(world_size) + " ranks",
+                                 &base);
+      !status.ok()) {
+    error = status.message();
     return nullptr;
   }
-  struct stat info {};
-  void* base = MAP_FAILED;
-  if (fstat(fd, &info) != 0) {
-    error = errno_text("fstat(" + name + ")");
-  } else if (static_cast<std::size_t>(info.st_size) != bytes) {
-    error = name + " has " + std::to_string(info.st_size) + " bytes, not the " +
-            std::to_string(bytes) + " of a board for " + std::to_string(world_size) + " ranks";
-  } else if (base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-             base == MAP_FAILED) {
-    error = errno_text("mmap(" + name + ")");
-  }
-  close(fd);
-  if (base == MAP_FAILED) return nullptr;
   return std::unique_ptr<FaultBoard>(new FaultBoard(name, base, bytes, false));
 }
 

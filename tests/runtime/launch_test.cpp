@@ -187,6 +187,26 @@ BOOST_AUTO_TEST_CASE(nothing_a_rank_started_outlives_the_launch) {
   BOOST_TEST(run_command("pgrep -f '[s]leep " + marker + "'").output.empty());
 }
 
+BOOST_AUTO_TEST_CASE(what_the_ranks_left_in_dev_shm_is_removed_and_nothing_else) {
+  // As a rank killed while its peers open the workspace it created leaves
+  // it: named for the creator's process group (arbiter/common/shm_object.h),
+  // which each rank leads. Another group's object stays.
+  const std::string tag = "arbiter-shm-launchtest" + std::to_string(::getpid()) + "-";
+  const std::string other = "/dev/shm/" + tag + "000000010badf00d";
+  BOOST_TEST_REQUIRE(run_command("touch " + other).exit_code == 0);
+  const Run run = launch_sh("--nproc 2", "name=" + tag +
+                                             "$(printf %08x $$)0badf00d; : > /dev/shm/$name; "
+                                             "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30");
+  BOOST_TEST(run.result.exit_code == 1, run.result.output);
+  BOOST_TEST(
+      lines_starting(run.result.output, "arbiter launch: removed /dev/shm/" + tag).size() == 2u,
+      run.result.output);
+  BOOST_TEST(contains(run.result.output, "left by rank 1's processes"), run.result.output);
+  const CommandResult left = run_command("ls /dev/shm | grep -c '^" + tag + "'");
+  BOOST_TEST(left.output == "1\n", "left: " << left.output);
+  BOOST_TEST(::unlink(other.c_str()) == 0);
+}
+
 BOOST_AUTO_TEST_CASE(a_program_that_cannot_start_is_named) {
   const Run run = launch("--nproc 2 -- /no/such/program");
   BOOST_TEST(run.result.exit_code == 1, run.result.output);
