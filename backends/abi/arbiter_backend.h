@@ -116,6 +116,10 @@ typedef struct arbiter_probe_args {
  * no residual): the pre-norm value is then the sum alone. The host never
  * passes NULL to a module without it; v1 modules from before it may refuse. */
 #define ARBITER_CAPS_RESIDUAL_OPTIONAL (1u << 4)
+/* run() takes ARBITER_RUN_REFUSED (below), and a call the module refuses
+ * itself joins its peers the same way. The host sends it only to a module
+ * with this flag. */
+#define ARBITER_CAPS_JOINS_REFUSALS (1u << 5)
 
 /* What a module can run on this device: its admission rules. The tables can
  * only narrow this (a table never admits a shape the module cannot run). */
@@ -157,6 +161,13 @@ typedef struct arbiter_workspace arbiter_workspace; /* opaque, module-owned */
  * while the promise holds. If it does not, a rank's outputs for a token may
  * follow another rank's residual_in. */
 #define ARBITER_RUN_RESIDUAL_REPLICATED (1u << 2)
+/* This rank refused the call before it reached the module (the host's or a
+ * binding's own checks) but joins it, so that the peers' call is refused too
+ * (ARBITER_MISMATCH, naming this rank) instead of pairing with this rank's
+ * next call. Only `flags` is meaningful; no buffer is read or written.
+ * Returns ARBITER_OK once every peer has joined, or why the wait failed.
+ * Only for modules with ARBITER_CAPS_JOINS_REFUSALS. */
+#define ARBITER_RUN_REFUSED (1u << 3)
 
 /* One fused all-reduce. Buffers are device pointers for GPU backends, host
  * pointers for host backends; all hold tokens x hidden elements of dtype

@@ -136,7 +136,8 @@ std::int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps) {
                           (1u << ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8);
     result.algorithm_mask = (1u << ARBITER_ALGORITHM_ONESHOT) | (1u << ARBITER_ALGORITHM_TWOSHOT) |
                             (1u << ARBITER_ALGORITHM_NATIVE);
-    result.flags = ARBITER_CAPS_SINGLE_NODE_ONLY | ARBITER_CAPS_RESIDUAL_OPTIONAL;
+    result.flags = ARBITER_CAPS_SINGLE_NODE_ONLY | ARBITER_CAPS_RESIDUAL_OPTIONAL |
+                   ARBITER_CAPS_JOINS_REFUSALS;
     *caps = result;
     return {};
   });
@@ -199,11 +200,26 @@ Status run_streamed(Workspace& workspace, const arbiter_allreduce_args& args) {
   return status;
 }
 
+// A call this rank refused (its arguments, here, or above the module:
+// ARBITER_RUN_REFUSED) still meets its peers, with a signature that says
+// so: their call is refused too (ARBITER_MISMATCH naming this rank) rather
+// than paired with this rank's next call, which would mix two calls' data.
+// OK or MISMATCH: the peers were told; anything else: the wait failed.
+Status join_refused(Workspace& workspace) {
+  if (workspace.world_size() == 1) return {};
+  workspace.signature = common::refused_call();
+  workspace.registered_key = 0;
+  workspace.registered_outputs_key = 0;
+  Backoff backoff = workspace.publish_call();
+  return workspace.meet_call(backoff, "part in a call this rank refused");
+}
+
 // What every call, copied or registered, starts with: count it, refuse it
-// after a fault or for bad arguments, and set its signature. `*empty`: no
-// tokens (the ranks still meet).
+// after a fault or for bad arguments (joining it all the same), and set
+// its signature. `*empty`: no tokens (the ranks still meet); `*joined`: a
+// call refused above the module, joined and done.
 Status start_call(arbiter_workspace* handle, const arbiter_allreduce_args* args, Workspace** out,
-                  bool* empty) {
+                  bool* empty, bool* joined) {
   if (handle == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run: workspace is NULL"};
   Workspace& workspace = *from_handle(handle);
   *out = &workspace;
@@ -211,7 +227,16 @@ Status start_call(arbiter_workspace* handle, const arbiter_allreduce_args* args,
   workspace.fault_point("shm.call.start");
   // A workspace that saw a fault fails every call at once.
   if (Status status = workspace.usable(); !status.ok()) return status;
-  if (Status status = check_run(workspace, args, *empty); !status.ok()) return status;
+  if (args != nullptr && (args->flags & ARBITER_RUN_REFUSED) != 0) {
+    *joined = true;
+    Status status = join_refused(workspace);
+    return status.code() == ARBITER_MISMATCH ? Status() : status;
+  }
+  if (Status status = check_run(workspace, args, *empty); !status.ok()) {
+    // This rank's own error says why; the join only tells the peers.
+    static_cast<void>(join_refused(workspace));
+    return status;
+  }
   workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
   workspace.registered_key = 0;
   workspace.registered_outputs_key = 0;
@@ -222,7 +247,11 @@ std::int32_t run(arbiter_workspace* handle, const arbiter_allreduce_args* args, 
   return guarded("run", [&]() -> Status {
     Workspace* workspace = nullptr;
     bool empty = false;
-    if (Status status = start_call(handle, args, &workspace, &empty); !status.ok()) return status;
+    bool joined = false;
+    if (Status status = start_call(handle, args, &workspace, &empty, &joined);
+        !status.ok() || joined) {
+      return status;
+    }
     if (empty) return workspace->world_size() > 1 ? run_empty(*workspace) : Status();
     return run_streamed(*workspace, *args);
   });
@@ -283,7 +312,11 @@ std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_a
   return guarded("run", [&]() -> Status {
     Workspace* started = nullptr;
     bool empty = false;
-    if (Status status = start_call(handle, args, &started, &empty); !status.ok()) return status;
+    bool joined = false;
+    if (Status status = start_call(handle, args, &started, &empty, &joined);
+        !status.ok() || joined) {
+      return status;
+    }
     Workspace& workspace = *started;
     if (empty) return workspace.world_size() > 1 ? run_empty(workspace) : Status();
     const arbiter_allreduce_args& a = *args;
@@ -291,7 +324,10 @@ std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_a
     const std::uint64_t bytes = std::uint64_t{a.tokens} * row_bytes;
     std::string why;
     const Allocation* allocation = workspace.registered.find(a.input, bytes, why);
-    if (allocation == nullptr) return {ARBITER_INVALID_ARGUMENT, "shm run (registered): " + why};
+    if (allocation == nullptr) {
+      static_cast<void>(join_refused(workspace));
+      return {ARBITER_INVALID_ARGUMENT, "shm run (registered): " + why};
+    }
     const std::uint64_t key = RegisteredMemory::key(*allocation, a.input);
     const std::int32_t ranks = workspace.world_size();
     const auto offset =

@@ -105,16 +105,27 @@ def run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias
         raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
     held: list[Borrowed] = []
     try:
-        return _run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
-                    residual_replicated, held)
+        try:
+            results, handle = _prepare(comm, x, residual, weight, eps, pattern, out, stream,
+                                       scale, weight_bias, residual_replicated, held)
+        except Exception:
+            _library.join_refused(comm, locked=True)
+            raise
+        status = comm._fusion_call(comm._handle_value, comm._args_address, handle or None,
+                                   comm._decision_address)
+        if status:
+            _library.check(comm._lib, status)
+        return FusionResult(comm.last_decision, **results)
     finally:
         for view in held:
             view.release()
         comm._lock.release()
 
 
-def _run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
-         residual_replicated, held) -> FusionResult:
+def _prepare(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias,
+             residual_replicated, held) -> tuple:
+    """Every check of the call on this rank, then its arguments packed into
+    the communicator's struct: (outputs by name, stream handle)."""
     if not comm._handle_value:
         raise _invalid("the communicator was closed")
     if pattern is None:
@@ -207,8 +218,4 @@ def _run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     _pack(comm._args, 0, int(pattern), comm._dtype_code, 0, tokens, hidden, flags, xv.address,
           get("allreduce_out", 0), residual_at, get("residual_out", 0), gamma_at, eps,
           weight_bias, get("norm_out", 0), get("quant_out", 0), get("scale_out", 0), scale_at)
-    status = comm._fusion_call(comm._handle_value, comm._args_address, handle or None,
-                               comm._decision_address)
-    if status:
-        _library.check(comm._lib, status)
-    return FusionResult(comm.last_decision, **results)
+    return results, handle

@@ -245,6 +245,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(CDecision),
     ]
     lib.arbiter_comm_allreduce_fusion.restype = c_int32
+    lib.arbiter_comm_join_refused.argtypes = [c_void_p]
+    lib.arbiter_comm_join_refused.restype = c_int32
     lib.arbiter_comm_alloc.argtypes = [c_void_p, c_uint64, POINTER(c_void_p)]
     lib.arbiter_comm_alloc.restype = c_int32
     lib.arbiter_comm_free.argtypes = [c_void_p, c_void_p]
@@ -354,3 +356,21 @@ def check(lib: ctypes.CDLL, status: int) -> None:
     """Raises ArbiterError(status, arbiter_last_error()) unless status is OK."""
     if status != Status.OK:
         raise ArbiterError(status, last_error(lib) or f"arbiter call failed with status {status}")
+
+
+def join_refused(comm, locked: bool) -> None:
+    """A call refused by the binding's own checks is still a call: it joins
+    the peers (arbiter_comm_join_refused), whose call is then refused too
+    instead of pairing with this rank's next call and mixing two calls'
+    data. `locked`: the caller holds comm._lock. Not when another thread is
+    in a call on comm (that misuse is refused on its own) or comm is closed.
+    The refusal is the caller's error to raise; a failed join only leaves
+    the communicator unusable, which its next call says."""
+    if not locked and not comm._lock.acquire(blocking=False):
+        return
+    try:
+        if comm._handle_value:
+            comm._lib.arbiter_comm_join_refused(comm._handle_value)
+    finally:
+        if not locked:
+            comm._lock.release()

@@ -167,7 +167,11 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     """check(), then the C call on `stream` (a handle; None: torch's current
     stream on this rank's device). The decision it took is the
     communicator's last_decision."""
-    tokens = check(comm, code, x, residual, weight, scale, outs, eps, weight_bias, replicated)
+    try:
+        tokens = check(comm, code, x, residual, weight, scale, outs, eps, weight_bias, replicated)
+    except Exception:
+        _library.join_refused(comm, locked=False)
+        raise
     if stream is None and comm.device >= 0:
         stream = _current_stream(comm.device)
     ar, res, norm, quant, sf = outs

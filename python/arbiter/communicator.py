@@ -109,8 +109,8 @@ class Communicator:
         self,
         oob: object,
         *,
-        rank: int,
-        world_size: int,
+        rank: int | None = None,  # required: None only so that a torch group
+        world_size: int | None = None,  # is pointed to from_process_group first
         local_rank: int | None = None,
         hidden: int,
         dtype: str | Dtype,
@@ -138,6 +138,8 @@ class Communicator:
             raise _invalid(f"oob: a torch.distributed {type(oob).__name__} moves tensors, not "
                            "bytes; create the communicator with "
                            "Communicator.from_process_group(group, ...)")
+        if rank is None or world_size is None:
+            raise _invalid("rank and world_size: pass this rank's place in the oob's group")
         if not isinstance(rank, int) or not isinstance(world_size, int) or not (
             0 <= rank < world_size
         ):
@@ -221,6 +223,9 @@ class Communicator:
         self._handle = ctypes.c_void_p()
         self._handle_value = 0
         self._lock = threading.Lock()
+        # abort() against close(): close() swaps the handle out under it, so
+        # an abort() in flight finishes on a live communicator first.
+        self._abort_lock = threading.Lock()
         self._tensor_type = _NoTensor
         self._op_handle = None
         self._registered = 0  # live empty() allocations; close() refuses while > 0
@@ -530,9 +535,10 @@ class Communicator:
         waiting on a peer stop waiting, and every later call raises at once.
         For a framework's watchdog; safe from any thread, any number of
         times. close() afterwards waits on no peer."""
-        handle = self._handle
-        if handle:
-            _library.check(self._lib, self._lib.arbiter_comm_abort(handle))
+        with self._abort_lock:
+            handle = self._handle
+            if handle:
+                _library.check(self._lib, self._lib.arbiter_comm_abort(handle))
 
     def close(self) -> None:
         """Collective: frees every workspace (every rank must close). After
@@ -546,8 +552,9 @@ class Communicator:
                         f"close(): {self._registered} array(s) from empty() are still alive "
                         "and would point at freed memory; delete them and every view of "
                         "them (del a; gc.collect() if they sit in a cycle) before close()")
-                handle, self._handle = self._handle, ctypes.c_void_p()
-                self._handle_value = 0
+                with self._abort_lock:
+                    handle, self._handle = self._handle, ctypes.c_void_p()
+                    self._handle_value = 0
             if self._op_handle is not None:
                 self._unregister(self._op_handle)
             self._lib.arbiter_comm_destroy(handle)

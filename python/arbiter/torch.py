@@ -40,6 +40,7 @@ import weakref
 import torch
 
 from . import _torch_tensors
+from ._library import join_refused as _library_join
 from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
 from .errors import invalid_argument as _invalid
 from .policy import Dtype, Pattern, parse_pattern
@@ -181,13 +182,18 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     """Communicator.allreduce_fusion on torch tensors (its arguments, in its
     order): outputs not in `out` are new tensors on x's device (FP8
     quant_out as float8_e4m3fn, NVFP4's as uint8)."""
-    if pattern is None:
-        code = 0 if residual is None and weight is None else 1
-    elif type(pattern) is str and pattern in _PATTERNS:
-        code = _PATTERNS[pattern]
-    else:
-        code = int(parse_pattern(pattern))
-    outs = _outputs(code, x, out)
+    try:
+        if pattern is None:
+            code = 0 if residual is None and weight is None else 1
+        elif type(pattern) is str and pattern in _PATTERNS:
+            code = _PATTERNS[pattern]
+        else:
+            code = int(parse_pattern(pattern))
+        outs = _outputs(code, x, out)
+    except Exception:
+        if not _is_compiling():  # a refused call joins its peers (_library.join_refused)
+            _library_join(comm, locked=False)
+        raise
     if _is_compiling() or type(x) is not _Tensor or _modes():
         if stream is not None:
             raise _invalid("stream: traced by torch.compile (or under a torch dispatch mode) "
@@ -199,9 +205,13 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
            outs[4], scale, eps, weight_bias, residual_replicated)
         return FusionResult(None, *outs)
     if stream is not None:
-        if comm.device < 0:
-            raise _invalid("stream: this communicator runs on host memory; pass no stream")
-        handle = stream_handle(stream)
+        try:
+            if comm.device < 0:
+                raise _invalid("stream: this communicator runs on host memory; pass no stream")
+            handle = stream_handle(stream)
+        except Exception:
+            _library_join(comm, locked=False)
+            raise
         _keep_new_outputs_for(stream, handle, outs, out, x.device)
         stream = handle
     _torch_tensors.run(comm, code, x, residual, weight, scale, outs, eps, weight_bias,

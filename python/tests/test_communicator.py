@@ -193,10 +193,12 @@ def test_registered_arrays_from_empty_give_the_same_bits_and_refuse_misuse(arbit
     assert after <= before, log
 
 
-def test_a_rank_that_raises_fails_its_peers_by_the_deadline(arbiter_bin, tmp_path):
+def test_a_call_refused_on_one_rank_is_refused_on_its_peers_and_the_next_is_in_step(
+        arbiter_bin, tmp_path):
     code, log = launch(arbiter_bin, tmp_path, 2, "raise")
     assert code == 0, log
-    assert "rank 0: TIMEOUT" in log and "rank 1: raised before the call" in log, log
+    assert "rank 0: MISMATCH" in log and "rank 1: INVALID_ARGUMENT" in log, log
+    assert log.count("in step after the refusal") == 2, log
 
 
 def test_ranks_with_different_tables_are_refused(arbiter_bin, tmp_path):
@@ -328,9 +330,9 @@ def test_the_numpy_fast_path_gives_the_general_paths_bits(dtype, monkeypatch):
 
     x, residual, weight = sample((5, 64)), sample((5, 64)), sample((64,))
     with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype=dtype) as comm:
-        general = _array_call._run
+        general = _array_call._prepare
         taken = []
-        monkeypatch.setattr(_array_call, "_run", lambda *a: taken.append(1) or general(*a))
+        monkeypatch.setattr(_array_call, "_prepare", lambda *a: taken.append(1) or general(*a))
         calls = [
             dict(args=(x,), outs=("allreduce_out",)),
             dict(args=(x, residual, weight), outs=("residual_out", "norm_out")),
@@ -472,3 +474,33 @@ def test_eps_may_be_a_numpy_float_and_anything_else_is_named():
             comm.allreduce_fusion(x, residual, weight, eps="1e-5")
         with pytest.raises(arbiter.ArbiterError, match="weight_bias -inf must be finite"):
             comm.allreduce_fusion(x, residual, weight, weight_bias=np.float64("-inf"))
+
+
+def test_abort_racing_close_never_touches_a_destroyed_communicator(arbiter_bin, tmp_path):
+    code, log = launch(arbiter_bin, tmp_path, 2, "abort_close")
+    assert code == 0, log
+    assert log.count("abort/close: survived") == 2, log
+
+
+def test_a_forked_child_cannot_use_or_abort_its_parents_communicator():
+    # Its calls would pair with the parent's peers; its abort() would stop
+    # the parent's communicator through the shared memory.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32") as comm:
+        x = np.ones((2, 64), np.float32)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without cleanup
+            try:
+                comm.allreduce_fusion(x)
+                message = "the call ran"
+            except arbiter.ArbiterError as e:
+                message = f"{e.status.name}: {e.message}"
+            comm.abort()
+            os.write(write, message.encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            child = pipe.read()
+        os.waitpid(pid, 0)
+        assert child.startswith("INVALID_ARGUMENT") and "has since forked" in child, child
+        assert np.array_equal(comm.allreduce_fusion(x).allreduce_out, x)  # not aborted

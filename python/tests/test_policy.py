@@ -191,6 +191,12 @@ def test_registered_buffers_meet_the_cells_keyed_by_them(tmp_path):
         assert "registered.yaml:6:7" in policy.explain(buffers_registered=True, **cpu)
         with pytest.raises(arbiter.ArbiterError, match="buffers_registered 1 is not a bool"):
             policy.decide(buffers_registered=1, **cpu)
+        # A Request with fields changed, as operators.md writes it.
+        request = arbiter.Request(**cpu)
+        assert policy.decide(request, buffers_registered=True).algorithm == "oneshot"
+        assert policy.decide(request).algorithm == "twoshot"
+        with pytest.raises(TypeError, match="expected an arbiter.Request"):
+            policy.decide(cpu, buffers_registered=True)
 
 
 def test_arbiter_config_reaches_from_environment(site_file, monkeypatch):
@@ -208,6 +214,10 @@ def test_backends_restriction(monkeypatch):
     assert arbiter.from_environment().fingerprint == only_nccl.fingerprint
     with pytest.raises(arbiter.ArbiterError, match=r"unknown backend 'frob'"):
         arbiter.load(backends="frob")
+    # A list of names reads as their comma list.
+    assert arbiter.load(backends=["nccl"]).fingerprint == only_nccl.fingerprint
+    assert (arbiter.load(backends=("shm", "nccl")).fingerprint ==
+            arbiter.load(backends="shm,nccl").fingerprint)
 
 
 def test_bad_yaml_raises_with_file_line_and_column(tmp_path, site_file):

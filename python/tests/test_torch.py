@@ -188,6 +188,11 @@ def test_a_process_group_as_the_oob_points_to_from_process_group():
                   dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=5))):
         with pytest.raises(arbiter.ArbiterError, match="Communicator.from_process_group"):
             arbiter.Communicator(group, rank=0, world_size=1, hidden=HIDDEN, dtype="bf16")
+        # Without rank and world_size too (a group knows its own): the same pointer.
+        with pytest.raises(arbiter.ArbiterError, match="Communicator.from_process_group"):
+            arbiter.Communicator(group, hidden=HIDDEN, dtype="bf16")
+    with pytest.raises(arbiter.ArbiterError, match="rank and world_size: pass"):
+        arbiter.Communicator(object(), hidden=HIDDEN, dtype="bf16")
     with pytest.raises(arbiter.ArbiterError, match="torch.distributed is not initialised"):
         arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16")
 

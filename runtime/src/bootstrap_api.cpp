@@ -1,6 +1,7 @@
 // arbiter::Bootstrap and its C view (arbiter_oob).
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "arbiter/bootstrap.h"
@@ -41,17 +42,34 @@ class UcxGroup {
 
   BootstrapStatus allgather(const void* send, void* recv, std::size_t bytes,
                             std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (!lock.try_lock_for(timeout)) return busy(timeout);
     return status(ucx_.allgather(group_, send, recv, bytes, timeout.count()));
   }
   BootstrapStatus broadcast(void* buf, std::size_t bytes, int root,
                             std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (!lock.try_lock_for(timeout)) return busy(timeout);
     return status(ucx_.broadcast(group_, buf, bytes, root, timeout.count()));
   }
   BootstrapStatus barrier(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (!lock.try_lock_for(timeout)) return busy(timeout);
     return status(ucx_.barrier(group_, timeout.count()));
   }
 
  private:
+  // UCX's worker is not thread-safe: two threads of one process in the
+  // group's collectives at once (two communicators created from the shared
+  // from_environment() group, say) aborted inside UCX. One at a time; the
+  // collectives still pair across ranks in the order each rank makes them.
+  static BootstrapStatus busy(std::chrono::milliseconds timeout) {
+    return {ARBITER_TIMEOUT, "bootstrap: another thread of this process used the group for " +
+                                 std::to_string(timeout.count()) +
+                                 " ms (its collectives are one at a time: create, allocate "
+                                 "and destroy communicators from one thread)"};
+  }
+
   BootstrapStatus status(int32_t code) const {
     if (code == ARBITER_OK) return {};
     return {static_cast<arbiter_status>(code), ucx_.last_error()};
@@ -59,6 +77,7 @@ class UcxGroup {
 
   const arbiter_bootstrap_ucx_v1_t& ucx_;
   void* group_ = nullptr;
+  std::timed_mutex mutex_;
 };
 
 }  // namespace

@@ -398,10 +398,22 @@ int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
 
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used) {
-  if (!comm || !args) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  if (!comm) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  if (!args) {
+    static_cast<void>(comm->comm->join_refused_call());  // a call all the same
+    return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  }
   const arbiter::Communicator::Result r = comm->comm->allreduce_fusion(*args, stream);
   if (used) to_decision(r.decision, used);
   if (r.status != ARBITER_OK) return fail(r.status, r.error);
+  return ARBITER_OK;
+}
+
+int32_t arbiter_comm_join_refused(arbiter_comm* comm) {
+  if (!comm) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
+  const arbiter::Communicator::Result r = comm->comm->join_refused_call();
+  if (r.status != ARBITER_OK) return fail(r.status, r.error);
+  g_last_error.clear();
   return ARBITER_OK;
 }
 

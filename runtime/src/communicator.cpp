@@ -1,5 +1,8 @@
 #include "arbiter/communicator.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -44,6 +47,28 @@ struct RegisteredArea {
 std::mutex g_registered_mutex;
 std::vector<std::pair<const void*, RegisteredArea>> g_registered;
 std::atomic<std::size_t> g_registered_count{0};
+
+// What a module said about its failure. The ABI promises a non-NULL
+// last_error(); a module that breaks the promise gets a message, not a crash.
+std::string module_error(const arbiter_backend_v1_t& m) {
+  const char* e = m.last_error != nullptr ? m.last_error() : nullptr;
+  if (e != nullptr && *e != '\0') return e;
+  return std::string(m.name != nullptr ? m.name : "the module") +
+         " gave no reason (its last_error() returned " + (e == nullptr ? "NULL" : "\"\"") + ")";
+}
+
+// A module's status as the caller sees it: ARBITER_OK, or an ABI status with
+// the module's message in `error`. A code the ABI does not define is
+// ARBITER_INTERNAL (the module is broken), saying so.
+arbiter_status module_status(std::int32_t status, const arbiter_backend_v1_t& m,
+                             std::string& error) {
+  if (status == ARBITER_OK) return ARBITER_OK;
+  error = module_error(m);
+  if (status > ARBITER_OK && status <= ARBITER_MISMATCH) return static_cast<arbiter_status>(status);
+  error = std::string(m.name != nullptr ? m.name : "the module") + " returned status " +
+          std::to_string(status) + ", which arbiter_backend.h does not define: " + error;
+  return ARBITER_INTERNAL;
+}
 
 std::string oob_error(const arbiter_oob& oob) {
   const char* e = oob.last_error ? oob.last_error(oob.ctx) : nullptr;
@@ -249,6 +274,20 @@ WorkspaceFootprint sized_footprint(const Registry& registry, Backend backend,
   return figure;
 }
 
+// Bumped in the child of every fork(): a communicator made before it
+// belongs to the parent, whose peers would pair the child's calls with the
+// parent's.
+std::atomic<std::uint64_t> g_fork_generation{0};
+
+std::uint64_t fork_generation() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(nullptr, nullptr,
+                   [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
+  });
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
 }  // namespace
 
 struct Communicator::Impl {
@@ -270,6 +309,9 @@ struct Communicator::Impl {
   // Bit (1 << Backend): modules without ARBITER_CAPS_RESIDUAL_OPTIONAL on
   // some rank. A norm call without residual_in is never sent to them.
   std::uint32_t residual_required = 0;
+  // Bit (1 << Backend): modules with ARBITER_CAPS_JOINS_REFUSALS on every
+  // rank (join_refused()).
+  std::uint32_t joins_refusals = 0;
   // Backends the policy might pick that have no workspace; after creation the
   // policy no longer allows them.
   std::uint32_t unusable_candidates = 0;
@@ -285,7 +327,10 @@ struct Communicator::Impl {
   arbiter_status fault_status = ARBITER_OK;
   std::string fault_error;
   bool check_calls = false;
-  std::uint64_t calls = 0;                 // allreduce_fusion() and run_on() calls so far
+  std::uint64_t calls = 0;  // allreduce_fusion() and run_on() calls so far
+  // Whether the current call reached a module's run() (run_in_slices()):
+  // a module joins its own refusals; the host joins those made above it.
+  mutable bool module_entered = false;
   std::vector<RegisteredArea> registered;  // this rank's registered allocations
   std::uint64_t registered_made = 0;       // alloc_registered() calls that succeeded
   // GPU communicators: the board where the ranks on this host post their
@@ -301,6 +346,12 @@ struct Communicator::Impl {
 
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
       : oob(o), tables_policy(p), policy(std::move(p)), options(opt) {}
+
+  // The process that created the communicator (fork_generation()), and
+  // whether this is still it.
+  const std::uint64_t created_in = fork_generation();
+  const pid_t creator = getpid();
+  bool forked() const { return g_fork_generation.load(std::memory_order_relaxed) != created_in; }
 
   Request request_for(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   // A norm pattern called without residual_in (a first block).
@@ -369,7 +420,19 @@ struct Communicator::Impl {
   void note(Result& result, std::optional<std::uint64_t> call);
   // The check mode's exchange of call `call`'s signature; false (and
   // `result` set) when the call is refused or the exchange failed.
-  bool check_call(const arbiter_allreduce_args& args, std::uint64_t call, Result& result);
+  // `refused`: this rank refused the call and joins the exchange only to say
+  // so (join_refused()); `args` is then not read.
+  bool check_call(const arbiter_allreduce_args& args, std::uint64_t call, Result& result,
+                  bool refused = false);
+  // A call this rank refused before any module saw it still takes part in
+  // the call, so that the peers' call is refused too (ARBITER_MISMATCH
+  // naming this rank) instead of pairing with this rank's next call: through
+  // the check mode's exchange when the refusal came before it (`checked`
+  // false), else through the fallback backend's module when it joins
+  // refusals (shm: every CPU call runs there). Elsewhere (GPU modules
+  // without the check mode) the peers wait for their deadline, as before.
+  // ARBITER_OK, or why joining failed.
+  arbiter_status join_refused(std::uint64_t call, bool checked);
   Result dispatch(const arbiter_allreduce_args& args, void* stream);
 };
 
@@ -435,6 +498,7 @@ void Communicator::Impl::create(const Registry& registry) {
   }
   for (int i = 0; i < kBackendCount; ++i) {
     if (!(common_flags[i] & ARBITER_CAPS_RESIDUAL_OPTIONAL)) residual_required |= 1u << i;
+    if (common_flags[i] & ARBITER_CAPS_JOINS_REFUSALS) joins_refusals |= 1u << i;
   }
   const Tables& t = policy.tables();
   const Backend fallback = this->fallback();
@@ -479,6 +543,25 @@ void Communicator::Impl::create(const Registry& registry) {
                   "; it runs " + pattern_names(common_patterns[i]) + " on this device)");
       continue;
     }
+    // The module's own admission rules (its caps); the tables only narrow
+    // them. The same on every rank: the builds agree and so do the world
+    // size and dtype. A mask has no bit for world sizes from 64.
+    if (const ModuleInfo* info = registry.info(b); info != nullptr) {
+      const auto ws = static_cast<std::uint32_t>(oob.size);
+      const auto dtype = static_cast<std::uint32_t>(options.dtype);
+      if (ws < 64 && !((info->caps.world_size_mask >> ws) & 1u)) {
+        unusable_candidates |= 1u << i;
+        drop(b, "its module does not run world size " + std::to_string(ws) +
+                    " (caps.world_size_mask)");
+        continue;
+      }
+      if (dtype >= 32 || !((info->caps.dtype_mask >> dtype) & 1u)) {
+        unusable_candidates |= 1u << i;
+        drop(b, std::string("its module does not run ") +
+                    common::dtype_text(static_cast<arbiter_dtype>(dtype)) + " (caps.dtype_mask)");
+        continue;
+      }
+    }
     arbiter_workspace_spec spec = planned.spec;
     spec.rank = oob.rank;
     spec.pattern_mask = asked;
@@ -486,11 +569,12 @@ void Communicator::Impl::create(const Registry& registry) {
     const arbiter_backend_v1_t* module = registry.backend(b);
     arbiter_workspace* handle = nullptr;
     // Collective; the module fails on every rank when it fails on any.
-    const std::int32_t status = module->workspace_create(&oob, &spec, &handle);
+    std::string why;
+    const arbiter_status status =
+        module_status(module->workspace_create(&oob, &spec, &handle), *module, why);
     if (status == ARBITER_TIMEOUT || status == ARBITER_PEER_FAILED) {
       // The group itself failed (a rank is gone or late): no later exchange
       // can succeed, so creation stops here, naming the step.
-      const std::string why = module->last_error();
       faulted = true;
       destroy();
       throw CommunicatorError("creating the " + std::string(backend_name(b)) +
@@ -498,7 +582,10 @@ void Communicator::Impl::create(const Registry& registry) {
     }
     if (status != ARBITER_OK || handle == nullptr) {
       unusable_candidates |= 1u << i;
-      drop(b, std::string("workspace creation failed: ") + module->last_error());
+      drop(b, "workspace creation failed: " +
+                  (status != ARBITER_OK
+                       ? why
+                       : std::string(module->name) + " returned ARBITER_OK without a workspace"));
       continue;
     }
     workspaces[i] = {module, registry.faults(b), handle, registry.memory(b),
@@ -538,11 +625,18 @@ void Communicator::Impl::create(const Registry& registry) {
       fallback != Backend::kNone && ((mode_dropped >> static_cast<int>(fallback)) & 1u);
   if (!fallback_usable && !fallback_dropped_by_mode) {
     destroy();
-    throw CommunicatorError(
-        std::string("the fallback backend ") + std::string(backend_name(fallback)) +
-        " is not usable on every rank, so calls the fused backends cannot "
-        "take would have nowhere to go; backends dropped: " +
-        (dropped.empty() ? "none" : dropped.back()) + " (see `arbiter plugins`)");
+    // Why: its own reason (not allowed, unavailable, creation failed), else
+    // the last backend dropped.
+    const std::string& why =
+        fallback == Backend::kNone ? std::string() : no_workspace[static_cast<int>(fallback)];
+    throw CommunicatorError(std::string("the fallback backend ") +
+                            std::string(backend_name(fallback)) +
+                            " is not usable on every rank, so calls the fused backends cannot "
+                            "take would have nowhere to go: " +
+                            (!why.empty()      ? std::string(backend_name(fallback)) + ": " + why
+                             : dropped.empty() ? std::string("no backend was dropped")
+                                               : "backends dropped: " + dropped.back()) +
+                            " (see `arbiter plugins`)");
   }
   if (shared_gpu_test && oob.rank == 0) {
     std::cerr << "arbiter: shared-GPU test mode (" << kSharedGpuVariable
@@ -681,6 +775,13 @@ void Communicator::Impl::destroy() {
 }
 
 bool Communicator::Impl::refuse_if_faulted(Result& result) const {
+  if (forked()) [[unlikely]] {
+    result.status = ARBITER_INVALID_ARGUMENT;
+    result.error = "this communicator was created in process " + std::to_string(creator) +
+                   ", which has since forked; this child cannot use it (its calls would pair "
+                   "with the parent's): create a new communicator in the child";
+    return true;
+  }
   // This rank's own abort() first: its watchdog knows why it called it.
   if (aborted.load(std::memory_order_acquire)) {
     result.status = ARBITER_ABORTED;
@@ -730,7 +831,7 @@ void Communicator::Impl::note(Result& result, std::optional<std::uint64_t> call)
 }
 
 bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uint64_t call,
-                                    Result& result) {
+                                    Result& result, bool refused) {
   struct Record {
     common::CallSignature signature;
     std::uint64_t call;
@@ -741,14 +842,17 @@ bool Communicator::Impl::check_call(const arbiter_allreduce_args& args, std::uin
     std::uint64_t offset;
   };
   Record mine{};
-  if (const RegisteredArea* area = registered_area(args.input); area != nullptr) {
+  if (const RegisteredArea* area = refused ? nullptr : registered_area(args.input);
+      area != nullptr) {
     mine.allocation = area->serial + 1;
     mine.offset =
         static_cast<std::uint64_t>(static_cast<const std::byte*>(args.input) - area->data);
   }
   // Known values only: an unknown pattern, dtype or algorithm is refused
   // per rank below (the signature reads them as plain numbers).
-  mine.signature = common::signature_of(args, /*read_scale=*/false, /*with_algorithm=*/false);
+  mine.signature = refused ? common::refused_call()
+                           : common::signature_of(args, /*read_scale=*/false,
+                                                  /*with_algorithm=*/false);
   mine.call = call;
   std::vector<Record> all(static_cast<std::size_t>(oob.size));
   if (const std::int32_t rc =
@@ -819,6 +923,8 @@ Communicator::~Communicator() {
 }
 
 void Communicator::abort() noexcept {
+  // A forked child would abort its parent's communicator (shared memory).
+  if (impl_->forked()) return;
   impl_->aborted.store(true, std::memory_order_release);
   // A watchdog that aborts because a peer's fault reached this rank posts
   // an echo, so that the peers still name the rank where it began.
@@ -899,9 +1005,8 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
       return ARBITER_INVALID_ARGUMENT;
     }
     if (area->backend == b && w.memory != nullptr) {
-      const std::int32_t status = w.memory->run_registered(w.handle, &call, stream);
-      if (status != ARBITER_OK) error = w.module->last_error();
-      return status;
+      module_entered = true;
+      return module_status(w.memory->run_registered(w.handle, &call, stream), *w.module, error);
     }
   } else if (g_registered_count.load(std::memory_order_relaxed) > registered.size()) {
     std::lock_guard lock(g_registered_mutex);
@@ -918,9 +1023,8 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
   const std::uint64_t cap = capacity(b, static_cast<Algorithm>(call.algorithm));
   const std::uint64_t per_slice = token_bytes == 0 ? call.tokens : cap / token_bytes;
   if (std::uint64_t{call.tokens} * token_bytes <= cap || per_slice >= call.tokens) {
-    const std::int32_t status = w.module->run(w.handle, &call, stream);
-    if (status != ARBITER_OK) error = w.module->last_error();
-    return status;
+    module_entered = true;
+    return module_status(w.module->run(w.handle, &call, stream), *w.module, error);
   }
   if (per_slice == 0 || call.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4) {
     error = "one token of " + std::to_string(token_bytes) + " bytes does not fit the " +
@@ -929,9 +1033,9 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
     return ARBITER_UNSUPPORTED;
   }
   std::int32_t status = ARBITER_OK;
+  module_entered = true;
   common::for_each_token_slice(call, per_slice, [&](const arbiter_allreduce_args& slice) {
-    status = w.module->run(w.handle, &slice, stream);
-    if (status != ARBITER_OK) error = w.module->last_error();
+    status = module_status(w.module->run(w.handle, &slice, stream), *w.module, error);
     return status == ARBITER_OK;
   });
   return status;
@@ -945,6 +1049,8 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
                                                     void* stream) noexcept {
   Result result;
   const std::uint64_t call = impl_->calls++;
+  impl_->module_entered = false;
+  bool checked = false;
   try {
     if (impl_->faults.armed()) impl_->faults.at("call.start", impl_->oob.rank, call);
     if (impl_->refuse_if_faulted(result)) return result;
@@ -952,13 +1058,55 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
       impl_->note(result, call);
       return result;
     }
+    checked = true;
     result = impl_->dispatch(args, stream);
+  } catch (const std::exception& e) {
+    result.status = ARBITER_INTERNAL;
+    result.error = e.what();
+  }
+  if (result.status != ARBITER_OK && !impl_->module_entered) impl_->join_refused(call, checked);
+  impl_->note(result, call);
+  return result;
+}
+
+Communicator::Result Communicator::join_refused_call() noexcept {
+  Result result;
+  const std::uint64_t call = impl_->calls++;
+  impl_->module_entered = false;
+  try {
+    if (impl_->refuse_if_faulted(result)) return result;
+    result.status = impl_->join_refused(call, /*checked=*/false);
+    if (result.status != ARBITER_OK) {
+      result.error = "joining call " + std::to_string(call) +
+                     " (refused on this rank) failed; the communicator is no longer usable";
+    }
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
   impl_->note(result, call);
   return result;
+}
+
+arbiter_status Communicator::Impl::join_refused(std::uint64_t call, bool checked) {
+  if (oob.size == 1) return ARBITER_OK;
+  if (check_calls && !checked) {
+    Result ignored;
+    if (check_call(arbiter_allreduce_args{}, call, ignored, /*refused=*/true) ||
+        ignored.status == ARBITER_MISMATCH) {
+      return ARBITER_OK;
+    }
+    return ignored.status;
+  }
+  const int f = static_cast<int>(fallback());
+  const Workspace& w = workspaces[f];
+  if (!((usable >> f) & 1u) || !((joins_refusals >> f) & 1u) || w.module == nullptr) {
+    return ARBITER_OK;
+  }
+  arbiter_allreduce_args refused{};
+  refused.flags = ARBITER_RUN_REFUSED;
+  std::string ignored;
+  return module_status(w.module->run(w.handle, &refused, nullptr), *w.module, ignored);
 }
 
 Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& args,
@@ -1003,6 +1151,8 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
                                           void* stream) noexcept {
   Result result;
   const std::uint64_t call = impl_->calls++;
+  impl_->module_entered = false;
+  bool checked = false;
   try {
     if (impl_->refuse_if_faulted(result)) return result;
     // First, before any local refusal: the exchange is collective.
@@ -1010,57 +1160,62 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
       impl_->note(result, call);
       return result;
     }
-    const int i = static_cast<int>(backend);
-    if (i < 0 || i >= kBackendCount || static_cast<int>(algorithm) > 2) {
-      result.status = ARBITER_INVALID_ARGUMENT;
-      result.error = "run_on: unknown backend or algorithm";
-      return result;
-    }
-    const bool unfused = backend == impl_->fallback() && algorithm == Algorithm::kNative;
-    result.decision.backend = backend;
-    result.decision.algorithm = algorithm;
-    result.decision.fused = !unfused;
-    const std::string name(backend_name(backend));
-    // Every check below reads only the shape and what every rank shares.
-    if (!((impl_->usable >> i) & 1u)) {
-      result.status = ARBITER_UNSUPPORTED;
-      result.error = name + " has no workspace: " + impl_->no_workspace[i];
-      return result;
-    }
-    const auto p = static_cast<std::uint32_t>(args.pattern);
-    if (p >= kPatternCount || !((impl_->patterns[i] >> p) & 1u)) {
-      result.status = ARBITER_UNSUPPORTED;
-      result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
-                     pattern_names(impl_->patterns[i]) + ")";
-      return result;
-    }
-    if (impl_->without_residual(args) && ((impl_->residual_required >> i) & 1u)) {
-      result.status = ARBITER_UNSUPPORTED;
-      result.error = name + " needs residual_in for " + pattern_label(p) +
-                     " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass a "
-                     "residual tensor, or run it on a backend that accepts none";
-      return result;
-    }
-    arbiter_allreduce_args call_args = args;
-    call_args.algorithm = static_cast<arbiter_algorithm>(algorithm);
-    const std::uint64_t bytes =
-        Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
-    const std::uint64_t capacity = impl_->capacity(backend, algorithm);
-    if (!unfused && bytes > capacity) {
-      result.status = ARBITER_UNSUPPORTED;
-      result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
-                     " workspace's " + std::string(algorithm_name(algorithm)) + " capacity of " +
-                     std::to_string(capacity) +
-                     " bytes per call (create the communicator with a larger "
-                     "fused_workspace_bytes)";
-      return result;
-    }
-    result.status =
-        static_cast<arbiter_status>(impl_->run_in_slices(backend, call_args, stream, result.error));
+    checked = true;
+    // A refusal here still reaches the peers (join_refused(), below).
+    [&] {
+      const int i = static_cast<int>(backend);
+      if (i < 0 || i >= kBackendCount || static_cast<int>(algorithm) > 2) {
+        result.status = ARBITER_INVALID_ARGUMENT;
+        result.error = "run_on: unknown backend or algorithm";
+        return;
+      }
+      const bool unfused = backend == impl_->fallback() && algorithm == Algorithm::kNative;
+      result.decision.backend = backend;
+      result.decision.algorithm = algorithm;
+      result.decision.fused = !unfused;
+      const std::string name(backend_name(backend));
+      // Every check below reads only the shape and what every rank shares.
+      if (!((impl_->usable >> i) & 1u)) {
+        result.status = ARBITER_UNSUPPORTED;
+        result.error = name + " has no workspace: " + impl_->no_workspace[i];
+        return;
+      }
+      const auto p = static_cast<std::uint32_t>(args.pattern);
+      if (p >= kPatternCount || !((impl_->patterns[i] >> p) & 1u)) {
+        result.status = ARBITER_UNSUPPORTED;
+        result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
+                       pattern_names(impl_->patterns[i]) + ")";
+        return;
+      }
+      if (impl_->without_residual(args) && ((impl_->residual_required >> i) & 1u)) {
+        result.status = ARBITER_UNSUPPORTED;
+        result.error = name + " needs residual_in for " + pattern_label(p) +
+                       " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass a "
+                       "residual tensor, or run it on a backend that accepts none";
+        return;
+      }
+      arbiter_allreduce_args call_args = args;
+      call_args.algorithm = static_cast<arbiter_algorithm>(algorithm);
+      const std::uint64_t bytes =
+          Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
+      const std::uint64_t capacity = impl_->capacity(backend, algorithm);
+      if (!unfused && bytes > capacity) {
+        result.status = ARBITER_UNSUPPORTED;
+        result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
+                       " workspace's " + std::string(algorithm_name(algorithm)) + " capacity of " +
+                       std::to_string(capacity) +
+                       " bytes per call (create the communicator with a larger "
+                       "fused_workspace_bytes)";
+        return;
+      }
+      result.status = static_cast<arbiter_status>(
+          impl_->run_in_slices(backend, call_args, stream, result.error));
+    }();
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
+  if (result.status != ARBITER_OK && !impl_->module_entered) impl_->join_refused(call, checked);
   impl_->note(result, call);
   return result;
 }
@@ -1155,10 +1310,10 @@ Communicator::Result Communicator::alloc_registered(std::uint64_t bytes, void** 
       const Workspace& w = impl_->workspaces[static_cast<int>(b)];
       if (w.handle == nullptr || w.memory == nullptr) continue;
       void* local = nullptr;
-      const std::int32_t status = w.memory->alloc(w.handle, bytes, &local);
+      const arbiter_status status =
+          module_status(w.memory->alloc(w.handle, bytes, &local), *w.module, result.error);
       if (status != ARBITER_OK) {
-        result.status = static_cast<arbiter_status>(status);
-        result.error = w.module->last_error();
+        result.status = status;
         // A collective that timed out leaves the ranks out of step: later
         // calls fail at once, as after a failed call. Not ARBITER_PEER_FAILED:
         // modules also return it on every other rank when one rank's own
@@ -1204,10 +1359,10 @@ Communicator::Result Communicator::free_registered(void* data) noexcept {
       return result;
     }
     const Workspace& w = impl_->workspaces[static_cast<int>(at->backend)];
-    const std::int32_t status = w.memory->free(w.handle, data);
+    const arbiter_status status =
+        module_status(w.memory->free(w.handle, data), *w.module, result.error);
     if (status != ARBITER_OK) {
-      result.status = static_cast<arbiter_status>(status);
-      result.error = w.module->last_error();
+      result.status = status;
       return result;
     }
     impl_->forget_registered(data);

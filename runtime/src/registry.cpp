@@ -65,12 +65,19 @@ struct Registry::Impl {
 void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) {
   ModuleInfo info;
   info.path = path.string();
-  info.name = path.stem().string().substr(std::string_view("libarbiter-").size());
+  constexpr std::string_view kPrefix = "libarbiter-";
+  const std::string stem = path.stem().string();
+  info.name = stem.rfind(kPrefix, 0) == 0 ? stem.substr(kPrefix.size()) : stem;
   auto record = [&](std::string reason) {
     info.available = reason.empty();
     info.reason = std::move(reason);
     modules.push_back(std::move(info));
   };
+  if (!is_module_file(path) || info.name.empty()) {
+    return record(
+        "not a module file name: modules are named libarbiter-<backend>.so "
+        "(libarbiter-shm.so, libarbiter-nccl.so, ...); rename it");
+  }
   // Loaded once: the same file reached through two search entries is skipped;
   // another file of the same name in a later folder is shadowed by the first.
   for (const ModuleInfo& m : modules) {
@@ -181,10 +188,27 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     info.last_error = entry->last_error;
   }
   arbiter_backend_caps caps{};
-  const std::int32_t status = entry->probe(&options.probe, &caps);
+  std::int32_t status = ARBITER_OK;
+  try {
+    status = entry->probe(&options.probe, &caps);
+  } catch (...) {
+    // Across a C ABI that is the module's bug; it costs the module, not
+    // the rest of discovery.
+    return record(
+        "probe threw a C++ exception across the C ABI (a bug in the module: catch "
+        "it and return a status)");
+  }
   if (status != ARBITER_OK) {
     if (info.footprint != nullptr) handles.push_back(std::move(handle));  // still sizes
     return record("probe failed: " + module_error(entry));
+  }
+  if (caps.device_kind != options.probe.device_kind) {
+    return record(std::string("probe answered for a ") +
+                  (caps.device_kind == ARBITER_DEVICE_CPU ? "CPU" : "GPU") +
+                  " when asked about a " +
+                  (options.probe.device_kind == ARBITER_DEVICE_CPU ? "CPU" : "GPU") +
+                  " rank (caps.device_kind; a module serving only the other kind returns "
+                  "ARBITER_UNAVAILABLE)");
   }
   info.caps = caps;
   by_backend[static_cast<int>(*which.value)] = entry;

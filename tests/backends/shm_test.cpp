@@ -391,7 +391,8 @@ BOOST_AUTO_TEST_CASE(probe_admits_cpu_ranks_with_world_sizes_1_to_63_and_no_fp4)
   BOOST_TEST(caps.dtype_mask == 0x7u);
   BOOST_TEST(caps.pattern_mask == 0x7u);  // allreduce, rmsnorm, rmsnorm+fp8
   BOOST_TEST(caps.algorithm_mask == 0x7u);
-  BOOST_TEST(caps.flags == (ARBITER_CAPS_SINGLE_NODE_ONLY | ARBITER_CAPS_RESIDUAL_OPTIONAL));
+  BOOST_TEST(caps.flags == (ARBITER_CAPS_SINGLE_NODE_ONLY | ARBITER_CAPS_RESIDUAL_OPTIONAL |
+                            ARBITER_CAPS_JOINS_REFUSALS));
   arbiter_probe_args gpu{ARBITER_DEVICE_GPU, 0};
   BOOST_TEST(shm().probe(&gpu, &caps) == ARBITER_UNAVAILABLE);
   BOOST_TEST(std::string(shm().last_error()).find("CPU") != std::string::npos);

@@ -141,8 +141,9 @@ int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy
                             const arbiter_comm_options* options, arbiter_comm** out);
 /* Collective: joins the other ranks through the UCX bootstrap from the
  * launcher's environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
- * MASTER_ADDR, MASTER_PORT; ARBITER_BOOTSTRAP_PORT, ARBITER_JOB_TOKEN,
- * ARBITER_BOOTSTRAP_TIMEOUT as `arbiter launch` sets them), then
+ * MASTER_ADDR, MASTER_PORT; ARBITER_BOOTSTRAP_PORT and ARBITER_JOB_TOKEN as
+ * `arbiter launch` sets them; ARBITER_BOOTSTRAP_TIMEOUT, in seconds, when
+ * set, replaces the options' timeout for the join alone), then
  * arbiter_comm_create over that group. The group is joined once per
  * process and shared by every communicator created this way (it stays until
  * the process exits), so create and destroy those from one thread at a
@@ -197,6 +198,15 @@ int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
  * fails with ARBITER_UNSUPPORTED naming them. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
+/* A call refused on one rank is still a call: arbiter_comm_allreduce_fusion
+ * joins every call it refuses, so that the peers' call is refused too
+ * (ARBITER_MISMATCH naming this rank) instead of pairing with this rank's
+ * next call and mixing two calls' data. A binding that refuses a call with
+ * its own checks, before calling arbiter, calls this in its place. On CPU
+ * ranks (shm) the join is always on; on GPU ranks it needs the check mode
+ * (ARBITER_CHECK_CALLS=1), without which the peers wait for their deadline.
+ * Waits for the peers like a call; ARBITER_OK once they were told. */
+int32_t arbiter_comm_join_refused(arbiter_comm* comm);
 /* Registered memory (docs/registered-buffers.md). Collective: every rank
  * calls it with the same bytes, in the same order as its other allocs and
  * calls. *data gets this rank's part of memory every rank maps (shm: aligned

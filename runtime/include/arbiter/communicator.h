@@ -132,6 +132,12 @@ class Communicator {
   // Never throws.
   Result allreduce_fusion(const arbiter_allreduce_args& args, void* stream) noexcept;
 
+  // A call this rank refused before calling arbiter (a binding's own
+  // checks), joined so that the peers' call is refused too; counts as a
+  // call. allreduce_fusion() and run_on() join their own refusals.
+  // arbiter_comm_join_refused (arbiter.h) says when it reaches the peers.
+  Result join_refused_call() noexcept;
+
   // The decision allreduce_fusion() would take, without running it.
   Decision decide(const arbiter_allreduce_args& args) const noexcept;
 
@@ -150,9 +156,9 @@ class Communicator {
   // refuse the shape (the module's message). Every such refusal depends only
   // on the call's shape and on what all ranks share (workspaces are created
   // collectively; module guards read the shape and the workspace), so it
-  // happens identically on every rank before any rank enqueues anything:
-  // a refused call never leaves a peer waiting. Collective otherwise (every
-  // rank, same arguments but the buffers). Never throws.
+  // happens identically on every rank before any rank enqueues anything.
+  // A call refused on one rank only is joined (arbiter_comm_join_refused).
+  // Collective (every rank, same arguments but the buffers). Never throws.
   Result run_on(Backend backend, Algorithm algorithm, const arbiter_allreduce_args& args,
                 void* stream) noexcept;
 

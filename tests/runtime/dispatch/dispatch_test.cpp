@@ -140,3 +140,80 @@ BOOST_AUTO_TEST_CASE(a_single_node_job_runs_fused_on_trtllm) {
   BOOST_TEST((d[0].backend == Backend::kTrtllm && d[0].fused));
   BOOST_TEST(counts_of("trtllm").oneshot - before.oneshot == 8);
 }
+
+namespace {
+
+// Rank 0's results of `calls` residual + RMSNorm calls of 16 x 7168 bf16 on
+// 8 single-node ranks of capability 103, through `registry`.
+std::vector<arbiter::Communicator::Result> results_of(const arbiter::Registry& registry,
+                                                      int calls) {
+  constexpr int kRanks = 8;
+  arbiter::test::ThreadGroup group(kRanks);
+  std::vector<arbiter::Communicator::Result> results;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      arbiter::CommunicatorOptions o;
+      o.capability = arbiter::Capability::sm(103);
+      o.device = r;
+      o.max_tokens = 16384;
+      o.hidden = 7168;
+      o.timeout = std::chrono::seconds(30);
+      const arbiter_oob oob = group.oob(r);
+      arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry, o);
+      std::vector<std::uint16_t> dummy(1);
+      for (int c = 0; c < calls; ++c) {
+        arbiter_allreduce_args a{};
+        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+        a.dtype = ARBITER_DTYPE_BF16;
+        a.tokens = 16;
+        a.hidden = 7168;
+        a.input = a.residual_in = a.gamma = dummy.data();
+        a.norm_out = a.residual_out = dummy.data();
+        auto result = comm.allreduce_fusion(a, nullptr);
+        if (r == 0) results.push_back(std::move(result));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_module_status_outside_the_abi_or_a_null_error_is_an_internal_fault) {
+  // A module that breaks the ABI (status 4242, last_error() NULL) gets a
+  // message, not a crash, and leaves the communicator unusable.
+  ::setenv("RECORDING_TRTLLM_STATUS", "4242", 1);
+  ::setenv("RECORDING_NULL_ERROR", "1", 1);
+  const auto results = results_of(registry(), 2);
+  ::unsetenv("RECORDING_TRTLLM_STATUS");
+  ::unsetenv("RECORDING_NULL_ERROR");
+  BOOST_TEST_REQUIRE(results.size() == 2u);
+  BOOST_TEST(results[0].status == ARBITER_INTERNAL);
+  BOOST_TEST(results[0].error.find("trtllm returned status 4242, which arbiter_backend.h does "
+                                   "not define") != std::string::npos,
+             results[0].error);
+  BOOST_TEST(
+      results[0].error.find("gave no reason (its last_error() returned NULL)") != std::string::npos,
+      results[0].error);
+  BOOST_TEST(results[1].status == ARBITER_INTERNAL);
+  BOOST_TEST(results[1].error.find("left this communicator unusable") != std::string::npos,
+             results[1].error);
+}
+
+BOOST_AUTO_TEST_CASE(a_module_that_does_not_run_the_world_size_gets_no_workspace) {
+  // trtllm's caps admit world sizes 2 and 4 only: at 8 ranks the fused
+  // calls go to the nccl fallback, and trtllm is dropped saying why.
+  ::setenv("RECORDING_TRTLLM_WORLD_SIZES", std::to_string((1u << 2) | (1u << 4)).c_str(), 1);
+  arbiter::DiscoverOptions o;
+  o.search_path = {ARBITER_RECORDING_DIR};
+  o.default_folder = false;
+  o.probe = {ARBITER_DEVICE_GPU, 0};
+  const arbiter::Registry narrowed = arbiter::Registry::discover(o);
+  ::unsetenv("RECORDING_TRTLLM_WORLD_SIZES");
+  const auto results = results_of(narrowed, 1);
+  BOOST_TEST_REQUIRE(results.size() == 1u);
+  BOOST_TEST(results[0].status == ARBITER_OK, results[0].error);
+  BOOST_TEST(arbiter::backend_name(results[0].decision.backend) == "nccl");
+}

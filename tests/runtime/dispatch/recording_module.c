@@ -3,7 +3,10 @@
  * per name (RECORDING_NAME: "mnnvl", "nccl", "trtllm"; RECORDING_FLAGS: its
  * caps flags); probe() claims a GPU of capability 103 (GB300) and every
  * pattern, or those of RECORDING_<NAME>_PATTERNS (a decimal mask) when set;
- * RECORDING_<NAME>_FLAGS (decimal) replaces its caps flags. Without
+ * RECORDING_<NAME>_FLAGS (decimal) replaces its caps flags, and
+ * RECORDING_<NAME>_WORLD_SIZES (a decimal mask) its world sizes. A module
+ * that breaks the ABI: RECORDING_<NAME>_STATUS makes every run() return that
+ * number, and RECORDING_NULL_ERROR=1 makes last_error() return NULL. Without
  * ARBITER_CAPS_RESIDUAL_OPTIONAL its run() refuses residual_in NULL for the
  * norm patterns, as a v1 module from before that flag may.
  * Like a real module it refuses to be asked for a pattern its caps lack.
@@ -39,15 +42,20 @@ static char g_error[128];
 
 static uint32_t g_flags = RECORDING_FLAGS;
 
-/* RECORDING_<NAME><suffix> as a decimal number, or `otherwise` when unset. */
-static uint32_t number_from_environment(const char* suffix, uint32_t otherwise) {
+/* RECORDING_<NAME><suffix>, or NULL when unset. */
+static const char* from_environment(const char* suffix) {
   char variable[64] = "RECORDING_";
   size_t n = sizeof "RECORDING_" - 1;
   for (const char* c = RECORDING_NAME; *c && n + 1 < sizeof variable; ++c) {
     variable[n++] = (char)toupper((unsigned char)*c);
   }
   snprintf(variable + n, sizeof variable - n, "%s", suffix);
-  const char* value = getenv(variable);
+  return getenv(variable);
+}
+
+/* RECORDING_<NAME><suffix> as a decimal number, or `otherwise` when unset. */
+static uint32_t number_from_environment(const char* suffix, uint32_t otherwise) {
+  const char* value = from_environment(suffix);
   return value ? (uint32_t)strtoul(value, NULL, 10) : otherwise;
 }
 
@@ -57,7 +65,8 @@ static int32_t probe(const arbiter_probe_args* args, arbiter_backend_caps* caps)
   g_flags = number_from_environment("_FLAGS", RECORDING_FLAGS);
   caps->device_kind = ARBITER_DEVICE_GPU;
   caps->capability = 103;
-  caps->world_size_mask = ~(uint64_t)1;
+  const char* sizes = from_environment("_WORLD_SIZES");
+  caps->world_size_mask = sizes ? (uint64_t)strtoull(sizes, NULL, 10) : ~(uint64_t)1;
   caps->dtype_mask = 7;
   caps->pattern_mask = g_patterns;
   caps->algorithm_mask = 7;
@@ -104,6 +113,11 @@ static int32_t wait_for_abort(void) {
 
 static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
   (void)stream;
+  const uint32_t status = number_from_environment("_STATUS", 0);
+  if (status != 0) {
+    snprintf(g_error, sizeof g_error, "%s: RECORDING_..._STATUS", RECORDING_NAME);
+    return (int32_t)status;
+  }
   const char* block_at = getenv("RECORDING_BLOCK_AT");
   if (block_at != NULL && atomic_fetch_add(&g_run_count, 1) == strtol(block_at, NULL, 10)) {
     const char* fail_rank = getenv("RECORDING_FAIL_RANK");
@@ -127,7 +141,7 @@ static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, vo
 
 static void destroy(arbiter_workspace* ws) { free(ws); }
 
-static const char* last_error(void) { return g_error; }
+static const char* last_error(void) { return getenv("RECORDING_NULL_ERROR") ? NULL : g_error; }
 
 static void abort_workspace(arbiter_workspace* ws) {
   (void)ws;

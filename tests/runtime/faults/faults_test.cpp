@@ -337,7 +337,11 @@ BOOST_AUTO_TEST_CASE(abort_returns_the_waiting_call_and_its_peers) {
 // replicated two-shot call's outputs registered on some ranks and ordinary
 // on the last have the same signature and input, so shm refuses it in
 // either mode (2 ranks: at 3 the default table runs the call unfused, which
-// never reads a peer's outputs).
+// never reads a peer's outputs). A call refused on the last rank alone (a
+// NULL input; a binding's own refusal, join_refused_call(); without the
+// check mode, a dtype the workspace was not made for) is joined by it: the
+// others return MISMATCH naming it at once, instead of pairing their call
+// with its next one, and the next call is exact on every rank.
 BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
   const int before = shm_objects();
   struct Expect {
@@ -345,6 +349,11 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
     const char* field;
     bool by_module = false;  // refused by shm even in the check mode (same signature)
     bool two_ranks_only = false;
+    // Refused by the last rank alone (its own error), which joined the call
+    // only to say so; `field` is then what the other ranks' error says.
+    // dtype: so without the check mode, whose exchange compares it first.
+    bool refused_by_odd = false;
+    bool refused_without_check_mode = false;
   };
   const Expect cases[] = {
       {"tokens 8 vs 4", "tokens: "},
@@ -358,6 +367,11 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
       {"input registered vs ordinary memory", "the input's memory: "},
       {"input at another offset of the registered memory", "the input's memory: "},
       {"outputs registered vs ordinary memory", "the outputs' memory: ", true, true},
+      // The signatures agree (they hold no pointers): the module refuses it,
+      // in either mode.
+      {"input NULL on one rank (refused by the module)", "refused its call", true, false, true},
+      {"refused before arbiter on one rank (join_refused_call)", "refused its call", false, false,
+       true},
   };
   for (int ranks : {2, 3}) {
     for (bool check_mode : {false, true}) {
@@ -371,13 +385,24 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
                       " ARBITER_SHM_OWNERS_FROM=0");
         const std::string odd = "rank " + std::to_string(ranks - 1);
         for (const Expect& c : cases) {
-          const bool only_in_check_mode = std::string(c.name).rfind("dtype", 0) == 0;
-          if (only_in_check_mode && !check_mode) continue;
           if (c.two_ranks_only && ranks != 2) continue;
+          const bool dtype = std::string(c.name).rfind("dtype", 0) == 0;
+          const bool refused = c.refused_by_odd || (dtype && !check_mode);
           for (int r = 0; r < ranks; ++r) {
             const std::string line = line_with(run.outputs[r], std::string("mismatch ") + c.name);
+            if (refused && r == ranks - 1) {
+              // Its own refusal (join_refused_call() itself succeeds).
+              const bool joined_only = std::string(c.name).rfind("refused before", 0) == 0;
+              BOOST_TEST(contains(line, joined_only ? "status 0 " : "status "), line);
+              BOOST_TEST(!contains(line, "status 8 "), line);
+              BOOST_TEST(seconds_after(run.outputs[r], std::string("mismatch ") + c.name) < 1.0,
+                         line);
+              BOOST_TEST(contains(run.outputs[r], std::string("after ") + c.name + ": exact"),
+                         run.all);
+              continue;
+            }
             BOOST_TEST(contains(line, "status 8 "), c.name << ": " << line << "\n" << run.all);
-            BOOST_TEST(contains(line, c.field), line);
+            BOOST_TEST(contains(line, refused ? "whether it was refused: " : c.field), line);
             // Both ranks of the pair compared (shm: this rank and the one
             // that differs from it; the check mode: rank 0 and that one).
             BOOST_TEST(contains(line, odd), line);

@@ -3,6 +3,10 @@
 #define BOOST_TEST_MODULE runtime_registry
 #include <boost/test/unit_test.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "arbiter/registry.h"
@@ -52,6 +56,32 @@ BOOST_AUTO_TEST_CASE(broken_modules_are_recorded_with_the_reason) {
   BOOST_TEST(has(m.at("libarbiter-probe_fails.so").reason, "probe failed: the fake probe says no"));
   BOOST_TEST(has(m.at("libarbiter-unknown_name.so").reason, "'frobnicator' is not a backend"));
   BOOST_TEST(has(m.at("libarbiter-null_entry.so").reason, "required entry"));
+  BOOST_TEST(has(m.at("libarbiter-cpu_answer.so").reason,
+                 "probe answered for a CPU when asked about a GPU rank"),
+             m.at("libarbiter-cpu_answer.so").reason);
+  // A probe that throws costs its module only: the others were loaded.
+  BOOST_TEST(has(m.at("libarbiter-probe_throws.so").reason, "probe threw a C++ exception"),
+             m.at("libarbiter-probe_throws.so").reason);
+  BOOST_TEST(m.at("libarbiter-good.so").available);
+}
+
+BOOST_AUTO_TEST_CASE(a_file_not_named_like_a_module_is_recorded_not_fatal) {
+  // ARBITER_PLUGIN_PATH may name module files; one named otherwise says how
+  // modules are named, and the rest of discovery goes on.
+  const std::string copy = "/tmp/arbiter-registry-test-" + std::to_string(::getpid()) + ".so";
+  BOOST_TEST_REQUIRE(
+      std::system(
+          ("cp " + std::string(ARBITER_FAKE_DIR) + "/libarbiter-good.so " + copy).c_str()) == 0);
+  DiscoverOptions o;
+  o.search_path = {copy, std::string(ARBITER_FAKE_DIR) + "/libarbiter-good.so"};
+  o.default_folder = false;
+  Registry r = Registry::discover(o);
+  std::remove(copy.c_str());
+  BOOST_TEST_REQUIRE(r.modules().size() == 2u);
+  BOOST_TEST(!r.modules()[0].available);
+  BOOST_TEST(has(r.modules()[0].reason, "modules are named libarbiter-<backend>.so"),
+             r.modules()[0].reason);
+  BOOST_TEST(r.backend(Backend::kTrtllm) != nullptr);
 }
 
 BOOST_AUTO_TEST_CASE(each_module_is_loaded_once) {

@@ -17,6 +17,12 @@ static __attribute__((unused)) int32_t fake_probe_ok(const arbiter_probe_args* a
   c->flags = ARBITER_CAPS_SINGLE_NODE_ONLY;
   return ARBITER_OK;
 }
+static __attribute__((unused)) int32_t fake_probe_cpu(const arbiter_probe_args* a,
+                                                      arbiter_backend_caps* c) {
+  fake_probe_ok(a, c);
+  c->device_kind = ARBITER_DEVICE_CPU;
+  return ARBITER_OK;
+}
 static __attribute__((unused)) int32_t fake_probe_fails(const arbiter_probe_args* a,
                                                         arbiter_backend_caps* c) {
   (void)a;

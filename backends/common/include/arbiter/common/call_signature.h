@@ -35,9 +35,9 @@ enum GivenBuffer : std::uint8_t {
 // 32 bytes, all integers, compared byte for byte. Zero-initialised fields
 // that a pattern does not use stay zero, so they never differ.
 struct CallSignature {
-  // Not 0: this rank refused the call locally with this arbiter_status
-  // (its error says why) and joined only to tell its peers; the other
-  // fields are then 0.
+  // Not 0: this rank refused the call locally (its own error says why)
+  // and joined only to tell its peers (refused_call()); the other fields
+  // are then 0.
   std::uint32_t refusal;
   std::uint32_t tokens;  // of the whole call, also in each slice of a streamed one
   std::uint32_t hidden;
@@ -88,6 +88,15 @@ inline CallSignature signature_of(const arbiter_allreduce_args& a, bool read_sca
     }
   }
   s.buffers = given;
+  return s;
+}
+
+// The signature of a call this rank refused and joined only to say so:
+// ranks that all refused agree (each returns its own error); a peer that
+// did not is refused too, its error naming this rank.
+inline CallSignature refused_call() {
+  CallSignature s{};
+  s.refusal = 1;
   return s;
 }
 
@@ -162,11 +171,8 @@ inline std::string call_difference(const CallSignature& a, int rank_a, const Cal
   };
   if (a.refusal != 0 || b.refusal != 0) {
     if (a.refusal == b.refusal) return "";
-    const bool b_refused = b.refusal != 0;
-    const std::string who = b_refused ? rb : ra;
-    const std::uint32_t code = b_refused ? b.refusal : a.refusal;
-    return who + " refused its call locally (status " + std::to_string(code) +
-           ", its own error says why) and joined only to say so";
+    return "whether it was refused: " + (b.refusal != 0 ? rb : ra) +
+           " refused its call (its own error says why) and joined only to say so";
   }
   if (a.tokens != b.tokens) {
     return differ("tokens", std::to_string(a.tokens), std::to_string(b.tokens));
