@@ -21,7 +21,8 @@ int cmd_validate(const Args& args) {
   po::variables_map vm = parse(args, desc, &positional);
   if (vm.count("help")) {
     std::cout << "usage: arbiter validate FILE...   (a FILE may be preset:NAME)\n"
-                 "exit 0: every file is valid; 1: some file is not; 2: usage error\n\n"
+                 "exit 0: every file is valid; 1: some file is not; 2: usage error, or a file\n"
+                 "that cannot be read\n\n"
               << desc;
     return kExitOk;
   }

@@ -17,7 +17,7 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  decide    the decision for one call (--explain, --json)\n"
-    "  validate  check table files: exit 0 valid, 1 invalid, 2 usage error\n"
+    "  validate  check table files: exit 0 valid, 1 invalid, 2 usage error or unreadable\n"
     "  show      the effective tables as capability x world size grids\n"
     "  sweep     the decision as a function of message size\n"
     "  diff      which decisions differ between two tables\n"

@@ -78,7 +78,9 @@ Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
     (seen_dot ? frac_digits : int_digits)++;
   }
   if (int_digits + frac_digits == 0) {
-    return fail("size " + quoted + " is not a number; write e.g. 64 (MiB), 0.5, 512KiB or 1GiB");
+    // In the tables a bare number is MiB; elsewhere it is whole bytes.
+    return fail("size " + quoted + " is not a number; write e.g. " +
+                (plain_is_mib ? "64 (MiB), 0.5, 512KiB or 1GiB" : "4096 (bytes), 512KiB or 1GiB"));
   }
   std::string_view unit_text = s.substr(i);
   if (unit_text.starts_with(' ')) unit_text.remove_prefix(1);  // "64 MiB"

@@ -8,6 +8,7 @@ fingerprint never change it and may be called from any thread.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import os
 import re
@@ -240,13 +241,13 @@ def decision_from_c(lib: ctypes.CDLL, out: _library.CDecision) -> Decision:
 
 
 def _request(request: Request | None, fields: dict) -> Request:
+    """A Request from keyword fields, or `request` with the fields given
+    changed (decide(request, buffers_registered=True))."""
     if request is None:
         return Request(**fields)
-    if fields:
-        raise TypeError("pass a Request or keyword fields, not both")
     if not isinstance(request, Request):
         raise TypeError(f"expected an arbiter.Request, got {type(request).__name__}")
-    return request
+    return dataclasses.replace(request, **fields) if fields else request
 
 
 class Policy:
@@ -270,11 +271,12 @@ class Policy:
 
     @classmethod
     def load(
-        cls, site_files: Iterable[str | os.PathLike] = (), backends: str | None = None
+        cls, site_files: Iterable[str | os.PathLike] = (),
+        backends: str | Iterable[str] | None = None
     ) -> "Policy":
         """The embedded defaults <- site_files (in order, later files win),
-        with `backends` read as ARBITER_BACKENDS would be (a comma list; None:
-        unrestricted). The environment is not read. Raises ArbiterError with
+        with `backends` read as ARBITER_BACKENDS would be (a comma list, or a
+        list of names; None: unrestricted). The environment is not read. Raises ArbiterError with
         every "FILE:LINE:COL: error: ..." line when a table is bad: loading
         is all or nothing."""
         if isinstance(site_files, (str, os.PathLike)):
@@ -283,6 +285,8 @@ class Policy:
         array = (ctypes.c_char_p * max(len(paths), 1))(*paths)
         lib = _library.library()
         handle = ctypes.c_void_p()
+        if backends is not None and not isinstance(backends, str):
+            backends = ",".join(backends)  # ["shm", "nccl"] as "shm,nccl"
         env = None if backends is None else backends.encode()
         _library.check(lib, lib.arbiter_policy_load(array, len(paths), env, ctypes.byref(handle)))
         return cls(handle, lib)
