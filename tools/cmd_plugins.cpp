@@ -31,7 +31,10 @@ int cmd_plugins(const Args& args) {
   std::vector<ModuleInfo> modules = for_gpu.modules();
   for (ModuleInfo& m : modules) {
     for (const ModuleInfo& c : for_cpu.modules()) {
-      if (c.path == m.path && c.available && !m.available) m = c;
+      if (c.path != m.path || m.available) continue;
+      // Available for CPU ranks; or shadowed there by a module that serves
+      // them, which says more than this module's GPU probe failing.
+      if (c.available || c.reason.starts_with("shadowed by")) m = c;
     }
   }
   auto kind = [](const ModuleInfo& m) -> std::string {
@@ -100,7 +103,8 @@ int cmd_plugins(const Args& args) {
               << Registry::default_plugin_folder() << ")\n";
   }
   for (const ModuleInfo& m : modules) {
-    std::cout << m.name << "  ABI v" << m.abi_version
+    // ABI 0: never opened (shadowed, or not a module file name).
+    std::cout << m.name << (m.abi_version != 0 ? "  ABI v" + std::to_string(m.abi_version) : "")
               << (m.memory != nullptr ? " (registered memory)" : "") << "  "
               << (m.available ? "available (" + kind(m) + " ranks)" : "unavailable: " + m.reason)
               << (m.build.empty() ? "" : "  build " + m.build) << "  (" << m.path << ")";

@@ -445,6 +445,17 @@ void Communicator::Impl::create(const Registry& registry) {
                             std::to_string(kPatternCount - 1) + " residual_rmsnorm_fp4)");
   }
   asked_patterns = options.pattern_mask == 0 ? kAll : options.pattern_mask;
+  // Modules probed for the other kind of device would all be "unavailable"
+  // with reasons about that device: say what to change instead.
+  const bool cpu = options.capability.is_cpu();
+  if (cpu != (registry.probed().device_kind == ARBITER_DEVICE_CPU)) {
+    throw CommunicatorError(
+        std::string("the registry's modules were probed for a ") + (cpu ? "GPU" : "CPU") +
+        " rank (DiscoverOptions::probe), this communicator is for a " + (cpu ? "CPU" : "GPU") +
+        " rank: discover with probe = " +
+        (cpu ? "{ARBITER_DEVICE_CPU, -1}" : "{ARBITER_DEVICE_GPU, local_rank}") +
+        " (DiscoverOptions::from_environment() probes the GPU of LOCAL_RANK)");
+  }
   // The mode concerns GPU modules only; CPU ranks ignore it (but not a
   // value that means nothing).
   const bool mode = shared_gpu_test_from_environment();

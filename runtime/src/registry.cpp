@@ -54,6 +54,7 @@ struct Registry::Impl {
   std::vector<std::unique_ptr<Handle>> handles;  // kept open while the registry lives
   const arbiter_backend_v1_t* by_backend[kBackendCount] = {};
   int index_of[kBackendCount] = {-1, -1, -1, -1};
+  arbiter_probe_args probed{};
 
   void load(const fs::path& path, const DiscoverOptions& options);
   void keep_open(void* dl) {
@@ -243,6 +244,7 @@ std::string Registry::default_plugin_folder() {
 
 Registry Registry::discover(const DiscoverOptions& options) {
   auto impl = std::make_unique<Impl>();
+  impl->probed = options.probe;
   std::vector<std::string> places = options.search_path;
   if (options.default_folder) places.push_back(default_plugin_folder());
   for (const std::string& place : places) {
@@ -299,6 +301,8 @@ const arbiter_backend_memory_v2_t* Registry::memory(Backend backend) const {
   const ModuleInfo* m = info(backend);
   return m != nullptr && m->available ? m->memory : nullptr;
 }
+
+const arbiter_probe_args& Registry::probed() const { return impl_->probed; }
 
 std::uint32_t Registry::available_mask() const {
   std::uint32_t mask = 0;

@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE tools_cli
 #include <boost/test/unit_test.hpp>
 
+#include <unistd.h>
+
 #include <fstream>
 #include <map>
 
@@ -517,6 +519,19 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
   BOOST_TEST(broken.exit_code == 0, broken.output);
   BOOST_TEST(contains(broken.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"),
              broken.output);
+  // A copy of shm earlier in the path serves CPU ranks; the built-in one is
+  // shadowed by it, and says so (not that its GPU probe failed).
+  const std::string folder = "/tmp/arbiter-cli-shadow-" + std::to_string(::getpid());
+  BOOST_TEST_REQUIRE(run_command("mkdir -p " + folder + " && cp " +
+                                 std::string(ARBITER_PLUGIN_DIR) + "/libarbiter-shm.so " + folder)
+                         .exit_code == 0);
+  const CommandResult shadow =
+      run_command("env ARBITER_PLUGIN_PATH=" + folder + " " + ARBITER_BIN + " plugins");
+  run_command("rm -rf " + folder);
+  BOOST_TEST(contains(shadow.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"),
+             shadow.output);
+  BOOST_TEST(contains(shadow.output, "shm  unavailable: shadowed by " + folder), shadow.output);
+  BOOST_TEST(!contains(shadow.output, "ABI v0"), shadow.output);
 }
 
 // arbiter footprint: what the workspaces cost per rank, from the modules'

@@ -101,6 +101,8 @@ class Registry {
   const arbiter_backend_memory_v2_t* memory(Backend backend) const;
   // Bit (1 << Backend) for every available backend.
   std::uint32_t available_mask() const;
+  // What the modules were probed for (DiscoverOptions::probe).
+  const arbiter_probe_args& probed() const;
 
   // The folder the runtime looks in by default.
   static std::string default_plugin_folder();

@@ -217,3 +217,22 @@ BOOST_AUTO_TEST_CASE(a_module_that_does_not_run_the_world_size_gets_no_workspace
   BOOST_TEST(results[0].status == ARBITER_OK, results[0].error);
   BOOST_TEST(arbiter::backend_name(results[0].decision.backend) == "nccl");
 }
+
+BOOST_AUTO_TEST_CASE(a_cpu_communicator_over_modules_probed_for_a_gpu_says_how_to_discover) {
+  // DiscoverOptions' default probe is the GPU of LOCAL_RANK: a CPU rank
+  // that keeps it would find every module "unavailable" for reasons about
+  // a GPU. The error says what to change.
+  arbiter::test::ThreadGroup group(1);
+  arbiter::CommunicatorOptions o;  // CPU ranks by default
+  o.hidden = 64;
+  const arbiter_oob oob = group.oob(0);
+  try {
+    arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry(), o);
+    BOOST_FAIL("created a CPU communicator over GPU-probed modules");
+  } catch (const arbiter::CommunicatorError& e) {
+    BOOST_TEST(std::string(e.what()).find("probed for a GPU rank") != std::string::npos,
+               e.what());
+    BOOST_TEST(std::string(e.what()).find("{ARBITER_DEVICE_CPU, -1}") != std::string::npos,
+               e.what());
+  }
+}
