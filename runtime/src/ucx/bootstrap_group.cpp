@@ -651,8 +651,12 @@ BootstrapStatus StarGroup::server_run(Op op, std::uint32_t seq, const void* send
     for (int r = 1; r < world; ++r) {
       if (expected[r] && parts[r] == nullptr) missing.push_back(r);
     }
-    failure = BootstrapStatus{ARBITER_TIMEOUT, rank_list(missing) + " did not reach " + what +
-                                                   " within " + duration_text(timeout)};
+    // Said as it is: a rank 1.9 s late under a 2 s timeout is told so.
+    const auto early = std::chrono::duration_cast<std::chrono::milliseconds>(margin(timeout));
+    failure = BootstrapStatus{ARBITER_TIMEOUT,
+                              rank_list(missing) + " did not reach " + what + " within " +
+                                  duration_text(timeout) + " (rank 0 stopped waiting " +
+                                  duration_text(early) + " before it, to tell the others in time)"};
   }
   if (failure) return fail_everywhere(seq, *failure);
 
