@@ -464,7 +464,10 @@ int Launcher::run() {
 // it unlinks it (its peers opened it) leaves it there: SIGTERM from this
 // launcher while it waits in that exchange, for one. arbiter's objects are
 // named arbiter-shm-[kind-]GGGGGGGGRRRRRRRR, G the creator's process group
-// (arbiter/common/shm_object.h), and each rank leads its own group.
+// (arbiter/common/shm_object.h), and each rank leads its own group. A
+// rank's pid is free once it was reaped: an object is removed only while
+// no process is in that group, so another job's rank that got the pid
+// since keeps its objects.
 void remove_left_in_dev_shm(const std::vector<Rank>& ranks) {
   namespace fs = std::filesystem;
   constexpr std::string_view kPrefix = "arbiter-shm-";
@@ -477,6 +480,7 @@ void remove_left_in_dev_shm(const std::vector<Rank>& ranks) {
     const auto pgid = static_cast<pid_t>(std::stoul(group, nullptr, 16));
     for (const Rank& rank : ranks) {
       if (rank.pid <= 0 || rank.pid != pgid) continue;
+      if (::kill(-pgid, 0) == 0 || errno != ESRCH) continue;  // the group lives (again)
       const std::uintmax_t bytes = entry.file_size(ec);
       if (::shm_unlink(("/" + name).c_str()) == 0) {
         std::cerr << "arbiter launch: removed /dev/shm/" << name << " ("

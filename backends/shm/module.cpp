@@ -214,6 +214,17 @@ Status join_refused(Workspace& workspace) {
   return workspace.meet_call(backoff, "part in a call this rank refused");
 }
 
+// This rank's `refusal`, joined: the refusal, or, when the peers never came
+// (the workspace is then unusable), that failure after it.
+Status refuse(Workspace& workspace, Status refusal) {
+  const Status joined = join_refused(workspace);
+  if (joined.ok() || joined.code() == ARBITER_MISMATCH) return refusal;
+  return {joined.code(), refusal.message() +
+                             "; then waiting for the peers to join the call, to tell them, "
+                             "failed: " +
+                             joined.message()};
+}
+
 // What every call, copied or registered, starts with: count it, refuse it
 // after a fault or for bad arguments (joining it all the same), and set
 // its signature. `*empty`: no tokens (the ranks still meet); `*joined`: a
@@ -233,9 +244,7 @@ Status start_call(arbiter_workspace* handle, const arbiter_allreduce_args* args,
     return status.code() == ARBITER_MISMATCH ? Status() : status;
   }
   if (Status status = check_run(workspace, args, *empty); !status.ok()) {
-    // This rank's own error says why; the join only tells the peers.
-    static_cast<void>(join_refused(workspace));
-    return status;
+    return refuse(workspace, std::move(status));
   }
   workspace.signature = common::signature_of(*args, /*read_scale=*/true, /*with_algorithm=*/true);
   workspace.registered_key = 0;
@@ -325,8 +334,7 @@ std::int32_t run_registered(arbiter_workspace* handle, const arbiter_allreduce_a
     std::string why;
     const Allocation* allocation = workspace.registered.find(a.input, bytes, why);
     if (allocation == nullptr) {
-      static_cast<void>(join_refused(workspace));
-      return {ARBITER_INVALID_ARGUMENT, "shm run (registered): " + why};
+      return refuse(workspace, {ARBITER_INVALID_ARGUMENT, "shm run (registered): " + why});
     }
     const std::uint64_t key = RegisteredMemory::key(*allocation, a.input);
     const std::int32_t ranks = workspace.world_size();

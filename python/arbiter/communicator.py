@@ -109,8 +109,8 @@ class Communicator:
         self,
         oob: object,
         *,
-        rank: int | None = None,  # required: None only so that a torch group
-        world_size: int | None = None,  # is pointed to from_process_group first
+        rank: int | None = None,
+        world_size: int | None = None,
         local_rank: int | None = None,
         hidden: int,
         dtype: str | Dtype,
@@ -133,7 +133,11 @@ class Communicator:
         only for those it runs on this device; a pattern no backend runs here
         (NVFP4 below capability 10.0, say) is refused when called, with the
         reason, and fewer patterns can mean smaller workspaces. A world size of
-        1 works: the fallback runs the residual add and norm on this rank."""
+        1 works: the fallback runs the residual add and norm on this rank.
+
+        `rank` and `world_size` are required; they default to None only so
+        that a torch.distributed group passed as `oob` is pointed to
+        from_process_group() before anything else is said."""
         if _is_torch_group(oob):
             raise _invalid(f"oob: a torch.distributed {type(oob).__name__} moves tensors, not "
                            "bytes; create the communicator with "
@@ -420,7 +424,13 @@ class Communicator:
         residual_replicated=True promises that `residual` holds the same
         values on every rank (as in tensor parallelism): a backend may then
         run each token's norm on one rank and copy its outputs to the others
-        (the shm two-shot does). Same results while the promise holds."""
+        (the shm two-shot does). Same results while the promise holds.
+
+        A call this rank refuses (ArbiterError INVALID_ARGUMENT: a wrong
+        shape, dtype, ...) still joins its peers to tell them: their call
+        raises MISMATCH naming this rank, and the next call is in step. Like
+        any call it returns once the peers made theirs (or at the deadline);
+        on GPU ranks only in the check mode (ARBITER_CHECK_CALLS=1)."""
         if isinstance(x, self._tensor_type):
             return self._torch_call(self, x, residual, weight, eps, pattern, out, stream, scale,
                                     weight_bias, residual_replicated)

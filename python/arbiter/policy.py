@@ -271,14 +271,15 @@ class Policy:
 
     @classmethod
     def load(
-        cls, site_files: Iterable[str | os.PathLike] = (),
-        backends: str | Iterable[str] | None = None
+        cls,
+        site_files: Iterable[str | os.PathLike] = (),
+        backends: str | Iterable[str] | None = None,
     ) -> "Policy":
         """The embedded defaults <- site_files (in order, later files win),
-        with `backends` read as ARBITER_BACKENDS would be (a comma list, or a
-        list of names; None: unrestricted). The environment is not read. Raises ArbiterError with
-        every "FILE:LINE:COL: error: ..." line when a table is bad: loading
-        is all or nothing."""
+        with `backends` read as ARBITER_BACKENDS would be: a comma list, or
+        a list of names; None: unrestricted. The environment is not read.
+        Raises ArbiterError with every "FILE:LINE:COL: error: ..." line when
+        a table is bad: loading is all or nothing."""
         if isinstance(site_files, (str, os.PathLike)):
             site_files = [site_files]
         paths = [os.fsencode(p) for p in site_files]

@@ -97,7 +97,13 @@ def _code(pattern: int) -> int:
 def _impl(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_out,
           quant_out=None, scale_out=None, scale=None, eps=1e-6, weight_bias=0.0,
           residual_replicated=False):
-    _torch_tensors.run(communicator(comm), _code(pattern), x, residual, weight, scale,
+    live = communicator(comm)
+    try:
+        code = _code(pattern)
+    except Exception:
+        _library_join(live, locked=False)  # a refused call joins its peers
+        raise
+    _torch_tensors.run(live, code, x, residual, weight, scale,
                        (allreduce_out, residual_out, norm_out, quant_out, scale_out), eps,
                        weight_bias, residual_replicated, None)
 
@@ -182,6 +188,9 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     """Communicator.allreduce_fusion on torch tensors (its arguments, in its
     order): outputs not in `out` are new tensors on x's device (FP8
     quant_out as float8_e4m3fn, NVFP4's as uint8)."""
+    # Eager: this is the call. Otherwise the op is (traced, or under a
+    # dispatch mode such as FakeTensorMode) and joins what it refuses itself.
+    eager = not (_is_compiling() or type(x) is not _Tensor or _modes())
     try:
         if pattern is None:
             code = 0 if residual is None and weight is None else 1
@@ -191,10 +200,10 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
             code = int(parse_pattern(pattern))
         outs = _outputs(code, x, out)
     except Exception:
-        if not _is_compiling():  # a refused call joins its peers (_library.join_refused)
+        if eager:  # a refused call joins its peers (_library.join_refused)
             _library_join(comm, locked=False)
         raise
-    if _is_compiling() or type(x) is not _Tensor or _modes():
+    if not eager:
         if stream is not None:
             raise _invalid("stream: traced by torch.compile (or under a torch dispatch mode) "
                            "the call runs on torch's current stream; instead of stream=, wrap "

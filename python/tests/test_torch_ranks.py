@@ -52,3 +52,9 @@ def test_arbiter_torch_empty_gives_registered_tensors_read_in_place(arbiter_bin,
     code, log = run(arbiter_bin, tmp_path, "registered")
     assert code == 0, log
     assert log.count("registered: OK") == 2, log
+
+
+def test_a_call_refused_on_one_rank_through_the_tensor_paths_is_joined(arbiter_bin, tmp_path):
+    code, log = run(arbiter_bin, tmp_path, "refusals")
+    assert code == 0, log
+    assert log.count("refusals joined") == 2, log

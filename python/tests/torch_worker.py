@@ -244,6 +244,41 @@ def scenario_registered(outdir: str) -> None:
     print("registered: OK", flush=True)
 
 
+def scenario_refusals(outdir: str) -> None:
+    """Rank 1 makes calls that arbiter.torch refuses on it alone, through
+    the eager path and the op (a wrong dtype, a pattern outside 0..3): each
+    joins its peers, whose call raises MISMATCH naming rank 1, and the call
+    after each is in step and exact on both ranks."""
+    import arbiter.torch as arbiter_torch
+
+    with arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20) as comm:
+        gen = torch.Generator().manual_seed(3)
+        xs = [torch.randn(4, HIDDEN, generator=gen) for _ in range(2)]
+        mine = xs[comm.rank]
+        out = torch.empty_like(mine)
+
+        def eager_bad_dtype():
+            comm.allreduce_fusion(mine.double() if comm.rank == 1 else mine)
+
+        def op_bad_pattern():
+            arbiter_torch.op(comm._op_handle, 7 if comm.rank == 1 else 0, mine, None, None,
+                             out, None, None)
+
+        for name, bad in (("eager dtype", eager_bad_dtype), ("op pattern", op_bad_pattern)):
+            try:
+                bad()
+                fail(f"{name}: rank {comm.rank}'s call succeeded")
+            except arbiter.ArbiterError as e:
+                want = arbiter.Status.INVALID_ARGUMENT if comm.rank == 1 else \
+                    arbiter.Status.MISMATCH
+                if e.status != want or (comm.rank == 0 and "rank 1 refused" not in e.message):
+                    fail(f"{name}: rank {comm.rank} got {e!r}")
+            got = comm.allreduce_fusion(mine).allreduce_out
+            if not torch.equal(got, xs[0] + xs[1]):
+                fail(f"{name}: the call after the refusal is not in step")
+    print(f"rank {comm.rank}: refusals joined", flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     scenario, outdir = sys.argv[1], sys.argv[2]

@@ -274,6 +274,17 @@ WorkspaceFootprint sized_footprint(const Registry& registry, Backend backend,
   return figure;
 }
 
+// ARBITER_RUN_REFUSED is the host's own (join_refused()): a caller's call
+// that carries it would be taken for a refusal and run nothing.
+bool refuse_host_flags(const arbiter_allreduce_args& args, Communicator::Result& result) {
+  if ((args.flags & ARBITER_RUN_REFUSED) == 0) return false;
+  result.status = ARBITER_INVALID_ARGUMENT;
+  result.error =
+      "flags: ARBITER_RUN_REFUSED is arbiter's own (a refused call joined to tell the peers); "
+      "a caller that refused a call itself calls arbiter_comm_join_refused";
+  return true;
+}
+
 // Bumped in the child of every fork(): a communicator made before it
 // belongs to the parent, whose peers would pair the child's calls with the
 // parent's.
@@ -330,7 +341,7 @@ struct Communicator::Impl {
   std::uint64_t calls = 0;  // allreduce_fusion() and run_on() calls so far
   // Whether the current call reached a module's run() (run_in_slices()):
   // a module joins its own refusals; the host joins those made above it.
-  mutable bool module_entered = false;
+  bool module_entered = false;
   std::vector<RegisteredArea> registered;  // this rank's registered allocations
   std::uint64_t registered_made = 0;       // alloc_registered() calls that succeeded
   // GPU communicators: the board where the ranks on this host post their
@@ -361,7 +372,7 @@ struct Communicator::Impl {
   std::uint64_t capacity(Backend b, Algorithm algorithm) const;
   Decision decide(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   std::int32_t run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
-                             std::string& error) const;
+                             std::string& error);
   // This rank's registered allocation holding `p`, or nullptr.
   const RegisteredArea* registered_area(const void* p) const {
     const auto* b = static_cast<const std::byte*>(p);
@@ -431,8 +442,13 @@ struct Communicator::Impl {
   // false), else through the fallback backend's module when it joins
   // refusals (shm: every CPU call runs there). Elsewhere (GPU modules
   // without the check mode) the peers wait for their deadline, as before.
-  // ARBITER_OK, or why joining failed.
-  arbiter_status join_refused(std::uint64_t call, bool checked);
+  // ARBITER_OK once the peers were told (or none can be), else why joining
+  // failed, in `why`.
+  [[nodiscard]] arbiter_status join_refused(std::uint64_t call, bool checked, std::string& why);
+  // After a call: when this rank refused it before any module saw it
+  // (`result`), joins it. A join that fails becomes the call's status (the
+  // communicator is then unusable; note() records it), after the refusal.
+  void join_if_refused(Result& result, std::uint64_t call, bool checked) noexcept;
   Result dispatch(const arbiter_allreduce_args& args, void* stream);
 };
 
@@ -929,6 +945,13 @@ Communicator::Communicator(const arbiter_oob& oob, Policy policy, const Registry
 }
 
 Communicator::~Communicator() {
+  // A forked child's copy: destroying it would run the parent's collective
+  // teardown with the parent's peers, and join threads the child does not
+  // have. Its memory is the child's own copy; left as it is.
+  if (impl_->forked()) {
+    static_cast<void>(impl_.release());
+    return;
+  }
   impl_->faults.at("destroy", impl_->oob.rank, 0);
   impl_->destroy();
 }
@@ -999,7 +1022,7 @@ Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
 // compute exactly what one call would (NVFP4 scale layouts excepted: those
 // calls are never sliced).
 std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args call, void* stream,
-                                               std::string& error) const {
+                                               std::string& error) {
   const Workspace& w = workspaces[static_cast<int>(b)];
   const std::uint64_t token_bytes =
       Request::message_bytes_of(1, call.hidden, static_cast<Dtype>(call.dtype));
@@ -1065,17 +1088,19 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
   try {
     if (impl_->faults.armed()) impl_->faults.at("call.start", impl_->oob.rank, call);
     if (impl_->refuse_if_faulted(result)) return result;
-    if (impl_->check_calls && !impl_->check_call(args, call, result)) {
-      impl_->note(result, call);
-      return result;
+    if (!refuse_host_flags(args, result)) {
+      if (impl_->check_calls && !impl_->check_call(args, call, result)) {
+        impl_->note(result, call);
+        return result;
+      }
+      checked = true;
+      result = impl_->dispatch(args, stream);
     }
-    checked = true;
-    result = impl_->dispatch(args, stream);
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
-  if (result.status != ARBITER_OK && !impl_->module_entered) impl_->join_refused(call, checked);
+  impl_->join_if_refused(result, call, checked);
   impl_->note(result, call);
   return result;
 }
@@ -1083,13 +1108,13 @@ Communicator::Result Communicator::allreduce_fusion(const arbiter_allreduce_args
 Communicator::Result Communicator::join_refused_call() noexcept {
   Result result;
   const std::uint64_t call = impl_->calls++;
-  impl_->module_entered = false;
   try {
     if (impl_->refuse_if_faulted(result)) return result;
-    result.status = impl_->join_refused(call, /*checked=*/false);
+    std::string why;
+    result.status = impl_->join_refused(call, /*checked=*/false, why);
     if (result.status != ARBITER_OK) {
       result.error = "joining call " + std::to_string(call) +
-                     " (refused on this rank) failed; the communicator is no longer usable";
+                     " (refused on this rank) to tell the peers failed: " + why;
     }
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
@@ -1099,15 +1124,35 @@ Communicator::Result Communicator::join_refused_call() noexcept {
   return result;
 }
 
-arbiter_status Communicator::Impl::join_refused(std::uint64_t call, bool checked) {
+void Communicator::Impl::join_if_refused(Result& result, std::uint64_t call,
+                                         bool checked) noexcept {
+  if (result.status == ARBITER_OK || module_entered) return;
+  try {
+    std::string why;
+    const arbiter_status joined = join_refused(call, checked, why);
+    if (joined == ARBITER_OK) return;
+    result.error += "; then joining the call to tell the peers " +
+                    std::string(fault_words(joined)) + ": " + why;
+    result.status = joined;
+  } catch (...) {
+    // Out of memory: the refusal stands; the peers learn of it at their
+    // deadline.
+  }
+}
+
+arbiter_status Communicator::Impl::join_refused(std::uint64_t call, bool checked,
+                                                std::string& why) {
   if (oob.size == 1) return ARBITER_OK;
   if (check_calls && !checked) {
-    Result ignored;
-    if (check_call(arbiter_allreduce_args{}, call, ignored, /*refused=*/true) ||
-        ignored.status == ARBITER_MISMATCH) {
+    Result exchanged;
+    if (check_call(arbiter_allreduce_args{}, call, exchanged, /*refused=*/true)) {
       return ARBITER_OK;
     }
-    return ignored.status;
+    // A difference the peers saw as this one: told. Anything else (the
+    // exchange failed, or the ranks' calls are out of step) is a fault.
+    if (exchanged.status == ARBITER_MISMATCH && !faulted) return ARBITER_OK;
+    why = exchanged.error;
+    return exchanged.status;
   }
   const int f = static_cast<int>(fallback());
   const Workspace& w = workspaces[f];
@@ -1116,8 +1161,7 @@ arbiter_status Communicator::Impl::join_refused(std::uint64_t call, bool checked
   }
   arbiter_allreduce_args refused{};
   refused.flags = ARBITER_RUN_REFUSED;
-  std::string ignored;
-  return module_status(w.module->run(w.handle, &refused, nullptr), *w.module, ignored);
+  return module_status(w.module->run(w.handle, &refused, nullptr), *w.module, why);
 }
 
 Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& args,
@@ -1167,66 +1211,69 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
   try {
     if (impl_->refuse_if_faulted(result)) return result;
     // First, before any local refusal: the exchange is collective.
-    if (impl_->check_calls && !impl_->check_call(args, call, result)) {
-      impl_->note(result, call);
-      return result;
+    if (!refuse_host_flags(args, result)) {
+      if (impl_->check_calls && !impl_->check_call(args, call, result)) {
+        impl_->note(result, call);
+        return result;
+      }
+      checked = true;
     }
-    checked = true;
-    // A refusal here still reaches the peers (join_refused(), below).
-    [&] {
-      const int i = static_cast<int>(backend);
-      if (i < 0 || i >= kBackendCount || static_cast<int>(algorithm) > 2) {
-        result.status = ARBITER_INVALID_ARGUMENT;
-        result.error = "run_on: unknown backend or algorithm";
-        return;
-      }
-      const bool unfused = backend == impl_->fallback() && algorithm == Algorithm::kNative;
-      result.decision.backend = backend;
-      result.decision.algorithm = algorithm;
-      result.decision.fused = !unfused;
-      const std::string name(backend_name(backend));
-      // Every check below reads only the shape and what every rank shares.
-      if (!((impl_->usable >> i) & 1u)) {
-        result.status = ARBITER_UNSUPPORTED;
-        result.error = name + " has no workspace: " + impl_->no_workspace[i];
-        return;
-      }
-      const auto p = static_cast<std::uint32_t>(args.pattern);
-      if (p >= kPatternCount || !((impl_->patterns[i] >> p) & 1u)) {
-        result.status = ARBITER_UNSUPPORTED;
-        result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
-                       pattern_names(impl_->patterns[i]) + ")";
-        return;
-      }
-      if (impl_->without_residual(args) && ((impl_->residual_required >> i) & 1u)) {
-        result.status = ARBITER_UNSUPPORTED;
-        result.error = name + " needs residual_in for " + pattern_label(p) +
-                       " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass a "
-                       "residual tensor, or run it on a backend that accepts none";
-        return;
-      }
-      arbiter_allreduce_args call_args = args;
-      call_args.algorithm = static_cast<arbiter_algorithm>(algorithm);
-      const std::uint64_t bytes =
-          Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
-      const std::uint64_t capacity = impl_->capacity(backend, algorithm);
-      if (!unfused && bytes > capacity) {
-        result.status = ARBITER_UNSUPPORTED;
-        result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
-                       " workspace's " + std::string(algorithm_name(algorithm)) + " capacity of " +
-                       std::to_string(capacity) +
-                       " bytes per call (create the communicator with a larger "
-                       "fused_workspace_bytes)";
-        return;
-      }
-      result.status = static_cast<arbiter_status>(
-          impl_->run_in_slices(backend, call_args, stream, result.error));
-    }();
+    // A refusal here still reaches the peers (join_if_refused(), below).
+    if (checked)
+      [&] {
+        const int i = static_cast<int>(backend);
+        if (i < 0 || i >= kBackendCount || static_cast<int>(algorithm) > 2) {
+          result.status = ARBITER_INVALID_ARGUMENT;
+          result.error = "run_on: unknown backend or algorithm";
+          return;
+        }
+        const bool unfused = backend == impl_->fallback() && algorithm == Algorithm::kNative;
+        result.decision.backend = backend;
+        result.decision.algorithm = algorithm;
+        result.decision.fused = !unfused;
+        const std::string name(backend_name(backend));
+        // Every check below reads only the shape and what every rank shares.
+        if (!((impl_->usable >> i) & 1u)) {
+          result.status = ARBITER_UNSUPPORTED;
+          result.error = name + " has no workspace: " + impl_->no_workspace[i];
+          return;
+        }
+        const auto p = static_cast<std::uint32_t>(args.pattern);
+        if (p >= kPatternCount || !((impl_->patterns[i] >> p) & 1u)) {
+          result.status = ARBITER_UNSUPPORTED;
+          result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
+                         pattern_names(impl_->patterns[i]) + ")";
+          return;
+        }
+        if (impl_->without_residual(args) && ((impl_->residual_required >> i) & 1u)) {
+          result.status = ARBITER_UNSUPPORTED;
+          result.error = name + " needs residual_in for " + pattern_label(p) +
+                         " (its module does not set ARBITER_CAPS_RESIDUAL_OPTIONAL): pass a "
+                         "residual tensor, or run it on a backend that accepts none";
+          return;
+        }
+        arbiter_allreduce_args call_args = args;
+        call_args.algorithm = static_cast<arbiter_algorithm>(algorithm);
+        const std::uint64_t bytes =
+            Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
+        const std::uint64_t capacity = impl_->capacity(backend, algorithm);
+        if (!unfused && bytes > capacity) {
+          result.status = ARBITER_UNSUPPORTED;
+          result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
+                         " workspace's " + std::string(algorithm_name(algorithm)) +
+                         " capacity of " + std::to_string(capacity) +
+                         " bytes per call (create the communicator with a larger "
+                         "fused_workspace_bytes)";
+          return;
+        }
+        result.status = static_cast<arbiter_status>(
+            impl_->run_in_slices(backend, call_args, stream, result.error));
+      }();
   } catch (const std::exception& e) {
     result.status = ARBITER_INTERNAL;
     result.error = e.what();
   }
-  if (result.status != ARBITER_OK && !impl_->module_entered) impl_->join_refused(call, checked);
+  impl_->join_if_refused(result, call, checked);
   impl_->note(result, call);
   return result;
 }

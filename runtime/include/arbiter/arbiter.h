@@ -198,14 +198,17 @@ int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
  * fails with ARBITER_UNSUPPORTED naming them. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
-/* A call refused on one rank is still a call: arbiter_comm_allreduce_fusion
- * joins every call it refuses, so that the peers' call is refused too
- * (ARBITER_MISMATCH naming this rank) instead of pairing with this rank's
- * next call and mixing two calls' data. A binding that refuses a call with
- * its own checks, before calling arbiter, calls this in its place. On CPU
- * ranks (shm) the join is always on; on GPU ranks it needs the check mode
- * (ARBITER_CHECK_CALLS=1), without which the peers wait for their deadline.
- * Waits for the peers like a call; ARBITER_OK once they were told. */
+/* A call refused on one rank is still a call: on CPU ranks (shm)
+ * arbiter_comm_allreduce_fusion joins every call it refuses, so that the
+ * peers' call is refused too (ARBITER_MISMATCH naming this rank) instead of
+ * pairing with this rank's next call and mixing two calls' data. A binding
+ * that refuses a call with its own checks, before calling arbiter, calls
+ * this in its place. Like a call, it returns once the peers made theirs, or
+ * at the deadline (a fault: the communicator is then unusable). GPU ranks
+ * join only in the check mode (ARBITER_CHECK_CALLS=1), and only refusals
+ * made before its exchange (this function's, the host's argument checks):
+ * elsewhere their peers wait for their deadline. ARBITER_OK once the peers
+ * were told (or nobody need be). */
 int32_t arbiter_comm_join_refused(arbiter_comm* comm);
 /* Registered memory (docs/registered-buffers.md). Collective: every rank
  * calls it with the same bytes, in the same order as its other allocs and

@@ -434,6 +434,8 @@ void mode_mismatch(int rank, arbiter::Bootstrap& boot) {
       {"input NULL on one rank (refused by the module)",
        [](arbiter_allreduce_args& a, Buffers&) { a.input = nullptr; }, true, 4},
       {"refused before arbiter on one rank (join_refused_call)", nullptr, true, 4},
+      {"ARBITER_RUN_REFUSED passed by the caller on one rank",
+       [](arbiter_allreduce_args& a, Buffers&) { a.flags |= ARBITER_RUN_REFUSED; }, true, 4},
   };
   // Registered memory (Communicator::alloc_registered) for the last cases:
   // the input, residual_out and norm_out, one block each.

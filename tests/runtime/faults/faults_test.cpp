@@ -372,6 +372,9 @@ BOOST_AUTO_TEST_CASE(calls_that_differ_across_ranks_are_refused_on_every_rank) {
       {"input NULL on one rank (refused by the module)", "refused its call", true, false, true},
       {"refused before arbiter on one rank (join_refused_call)", "refused its call", false, false,
        true},
+      // The host's own flag: refused (it would run nothing), and joined.
+      {"ARBITER_RUN_REFUSED passed by the caller on one rank", "refused its call", false, false,
+       true},
   };
   for (int ranks : {2, 3}) {
     for (bool check_mode : {false, true}) {

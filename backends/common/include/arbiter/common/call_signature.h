@@ -154,6 +154,7 @@ inline std::string flags_text(std::uint32_t flags) {
   add(ARBITER_RUN_NVFP4_LINEAR_SCALES, "NVFP4_LINEAR_SCALES");
   add(ARBITER_RUN_PDL, "PDL");
   add(ARBITER_RUN_RESIDUAL_REPLICATED, "RESIDUAL_REPLICATED");
+  add(ARBITER_RUN_REFUSED, "REFUSED");
   if (flags != 0) out += (out.empty() ? "" : "|") + std::to_string(flags);
   return out.empty() ? "none" : out;
 }

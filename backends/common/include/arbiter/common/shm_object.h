@@ -26,12 +26,13 @@ inline std::string errno_text(const std::string& call) {
 }
 
 // Creates and maps an object of `bytes` bytes named `prefix` + 16 hex
-// digits (`name`): this process's group id (8) then random ones (8), so
+// digits (`name`): this process's group id (8), then random ones (8), so
 // that `arbiter launch`, whose ranks lead their process groups, can remove
-// what a rank it saw die left behind (tools/cmd_launch.cpp); its pages reserved (posix_fallocate: a
-// full /dev/shm fails here, not with SIGBUS at the first touch; `full_hint` is added to that
-// error). On failure nothing is left: no name, no mapping. May throw what std::random_device throws
-// (no entropy source).
+// what its ranks left behind once their groups are gone
+// (tools/cmd_launch.cpp). Its pages are reserved (posix_fallocate: a full
+// /dev/shm fails here, not with SIGBUS at the first touch; `full_hint` is
+// added to that error). On failure nothing is left: no name, no mapping.
+// May throw what std::random_device throws (no entropy source).
 inline Status create_shm_object(const char* prefix, std::uint64_t bytes, const char* full_hint,
                                 std::string& name, void** base) {
   std::random_device random;
