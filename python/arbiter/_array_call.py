@@ -108,9 +108,8 @@ def run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias
         try:
             results, handle = _prepare(comm, x, residual, weight, eps, pattern, out, stream,
                                        scale, weight_bias, residual_replicated, held)
-        except Exception:
-            _library.join_refused(comm, locked=True)
-            raise
+        except Exception as refused:
+            raise _library.join_refused(comm, True, refused)
         status = comm._fusion_call(comm._handle_value, comm._args_address, handle or None,
                                    comm._decision_address)
         if status:

@@ -358,19 +358,26 @@ def check(lib: ctypes.CDLL, status: int) -> None:
         raise ArbiterError(status, last_error(lib) or f"arbiter call failed with status {status}")
 
 
-def join_refused(comm, locked: bool) -> None:
-    """A call refused by the binding's own checks is still a call: it joins
-    the peers (arbiter_comm_join_refused), whose call is then refused too
-    instead of pairing with this rank's next call and mixing two calls'
-    data. `locked`: the caller holds comm._lock. Not when another thread is
-    in a call on comm (that misuse is refused on its own) or comm is closed.
-    The refusal is the caller's error to raise; a failed join only leaves
-    the communicator unusable, which its next call says."""
+def join_refused(comm, locked: bool, error: BaseException) -> BaseException:
+    """A call refused by the binding's own checks (`error`) is still a call:
+    it joins the peers (arbiter_comm_join_refused), whose call is then
+    refused too instead of pairing with this rank's next call and mixing two
+    calls' data. Returns what to raise: `error`, or, when the peers never
+    came (the communicator is then unusable), an ArbiterError with that
+    status saying both. `locked`: the caller holds comm._lock. Nothing is
+    joined when another thread is in a call on comm (that misuse is refused
+    on its own) or comm is closed."""
     if not locked and not comm._lock.acquire(blocking=False):
-        return
+        return error
     try:
-        if comm._handle_value:
-            comm._lib.arbiter_comm_join_refused(comm._handle_value)
+        if not comm._handle_value:
+            return error
+        status = comm._lib.arbiter_comm_join_refused(comm._handle_value)
+        if status == Status.OK:
+            return error
+        # "...; then joining call N (refused on this rank) to tell the peers
+        # failed: ..."
+        return ArbiterError(status, f"{error}; then {last_error(comm._lib)}")
     finally:
         if not locked:
             comm._lock.release()

@@ -169,9 +169,8 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     communicator's last_decision."""
     try:
         tokens = check(comm, code, x, residual, weight, scale, outs, eps, weight_bias, replicated)
-    except Exception:
-        _library.join_refused(comm, locked=False)
-        raise
+    except Exception as refused:
+        raise _library.join_refused(comm, False, refused)
     if stream is None and comm.device >= 0:
         stream = _current_stream(comm.device)
     ar, res, norm, quant, sf = outs

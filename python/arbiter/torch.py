@@ -100,9 +100,8 @@ def _impl(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_
     live = communicator(comm)
     try:
         code = _code(pattern)
-    except Exception:
-        _library_join(live, locked=False)  # a refused call joins its peers
-        raise
+    except Exception as refused:  # a refused call joins its peers
+        raise _library_join(live, False, refused)
     _torch_tensors.run(live, code, x, residual, weight, scale,
                        (allreduce_out, residual_out, norm_out, quant_out, scale_out), eps,
                        weight_bias, residual_replicated, None)
@@ -199,9 +198,9 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
         else:
             code = int(parse_pattern(pattern))
         outs = _outputs(code, x, out)
-    except Exception:
+    except Exception as refused:
         if eager:  # a refused call joins its peers (_library.join_refused)
-            _library_join(comm, locked=False)
+            raise _library_join(comm, False, refused)
         raise
     if not eager:
         if stream is not None:
@@ -218,9 +217,8 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
             if comm.device < 0:
                 raise _invalid("stream: this communicator runs on host memory; pass no stream")
             handle = stream_handle(stream)
-        except Exception:
-            _library_join(comm, locked=False)
-            raise
+        except Exception as refused:
+            raise _library_join(comm, False, refused)
         _keep_new_outputs_for(stream, handle, outs, out, x.device)
         stream = handle
     _torch_tensors.run(comm, code, x, residual, weight, scale, outs, eps, weight_bias,

@@ -362,6 +362,42 @@ def scenario_registered(outdir: str) -> None:
     print("registered: OK", flush=True)
 
 
+def scenario_refuse_alone(outdir: str) -> None:
+    """Rank 1 refuses a call rank 0 never makes: joining it, rank 1 waits
+    for rank 0 like any call, until the deadline, then raises TIMEOUT saying
+    both; the communicator is unusable afterwards."""
+    flag = os.path.join(outdir, "rank1-done")
+    with arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=2) as comm:
+        if comm.rank == 0:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("rank 0: made no call", flush=True)
+            return
+        try:
+            started = time.monotonic()
+            try:
+                comm.allreduce_fusion(np.zeros((4, 100), np.float32))
+                fail("rank 1's bad call succeeded")
+            except arbiter.ArbiterError as e:
+                elapsed = time.monotonic() - started
+                print(f"rank 1: {e.status.name} after {elapsed:.1f} s: {e.message}", flush=True)
+                if (e.status != arbiter.Status.TIMEOUT or "x: hidden 100" not in e.message or
+                        "; then joining call 0 (refused on this rank) to tell the peers "
+                        "failed" not in e.message):
+                    fail(f"expected a TIMEOUT after the refusal, got {e!r}")
+                if not 1.5 < elapsed < 10:
+                    fail(f"the join took {elapsed:.1f} s under a 2 s deadline")
+            try:
+                comm.allreduce_fusion(np.zeros((4, HIDDEN), np.float32))
+                fail("a call after the failed join ran")
+            except arbiter.ArbiterError as e:
+                if e.status != arbiter.Status.TIMEOUT or "unusable" not in e.message:
+                    fail(f"expected the fault again, got {e!r}")
+        finally:
+            open(flag, "w").close()
+
+
 def scenario_abort_close(outdir: str) -> None:
     """A watchdog thread aborting while the main thread closes: abort() runs
     on a live communicator or does nothing (it crashed 2 runs in 2 here)."""

@@ -183,6 +183,12 @@ def test_bad_calls_raise_before_anyone_waits(arbiter_bin, tmp_path):
     assert log.count("bad calls refused") == 2, log
 
 
+def test_a_refusal_whose_peers_never_call_times_out_saying_both(arbiter_bin, tmp_path):
+    code, log = launch(arbiter_bin, tmp_path, 2, "refuse_alone")
+    assert code == 0, log
+    assert "rank 1: TIMEOUT after" in log and "rank 0: made no call" in log, log
+
+
 def test_registered_arrays_from_empty_give_the_same_bits_and_refuse_misuse(arbiter_bin,
                                                                             tmp_path):
     before = {n for n in os.listdir("/dev/shm") if n.startswith("arbiter-shm-")}
