@@ -193,6 +193,13 @@ def scenario_oob(outdir: str) -> None:
     save(outdir, record, saved)
 
 
+def wait_for_file(path: str, seconds: float = 60) -> None:
+    """Until `path` exists (a peer's "done"), at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def expect_error(what: str, needle: str, call) -> None:
     try:
         call()
@@ -369,9 +376,7 @@ def scenario_refuse_alone(outdir: str) -> None:
     flag = os.path.join(outdir, "rank1-done")
     with arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=2) as comm:
         if comm.rank == 0:
-            deadline = time.monotonic() + 60
-            while not os.path.exists(flag) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_file(flag)
             print("rank 0: made no call", flush=True)
             return
         try:

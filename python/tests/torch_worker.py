@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 import arbiter
-from comm_worker import DTYPES, FP8_SCALE, HIDDEN, MAX_TOKENS, DlpackOnly, fail, make, save
+from comm_worker import (DTYPES, FP8_SCALE, HIDDEN, MAX_TOKENS, DlpackOnly, fail, make, save,
+                         wait_for_file)
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 PATTERNS = ("allreduce", "residual_rmsnorm", "residual_rmsnorm_fp8")
@@ -164,9 +165,7 @@ def scenario_group_timeout(outdir: str) -> None:
     with arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16") as comm:
         x = torch.ones(1, HIDDEN, dtype=torch.bfloat16)
         if comm.rank == 1:
-            deadline = time.monotonic() + 60
-            while not os.path.exists(flag) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_file(flag)
             print("rank 1: stayed out of the call", flush=True)
             return
         started = time.monotonic()
