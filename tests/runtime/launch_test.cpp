@@ -194,9 +194,11 @@ BOOST_AUTO_TEST_CASE(what_the_ranks_left_in_dev_shm_is_removed_and_nothing_else)
   const std::string tag = "arbiter-shm-launchtest" + std::to_string(::getpid()) + "-";
   const std::string other = "/dev/shm/" + tag + "000000010badf00d";
   BOOST_TEST_REQUIRE(run_command("touch " + other).exit_code == 0);
-  const Run run = launch_sh("--nproc 2", "name=" + tag +
-                                             "$(printf %08x $$)0badf00d; : > /dev/shm/$name; "
-                                             "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30");
+  // Rank 1 fails once both ranks' objects (and `other`) are there.
+  const Run run =
+      launch_sh("--nproc 2", "name=" + tag + "$(printf %08x $$)0badf00d; : > /dev/shm/$name; " +
+                                 "if [ $RANK = 1 ]; then until [ $(ls /dev/shm | grep -c '^" + tag +
+                                 "') -ge 3 ]; do sleep 0.01; done; exit 3; fi; exec sleep 30");
   BOOST_TEST(run.result.exit_code == 1, run.result.output);
   BOOST_TEST(
       lines_starting(run.result.output, "arbiter launch: removed /dev/shm/" + tag).size() == 2u,

@@ -114,10 +114,7 @@ static int32_t wait_for_abort(void) {
 static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, void* stream) {
   (void)stream;
   const uint32_t status = number_from_environment("_STATUS", 0);
-  if (status != 0) {
-    snprintf(g_error, sizeof g_error, "%s: RECORDING_..._STATUS", RECORDING_NAME);
-    return (int32_t)status;
-  }
+  if (status != 0) return (int32_t)status; /* last_error() says so */
   const char* block_at = getenv("RECORDING_BLOCK_AT");
   if (block_at != NULL && atomic_fetch_add(&g_run_count, 1) == strtol(block_at, NULL, 10)) {
     const char* fail_rank = getenv("RECORDING_FAIL_RANK");
@@ -141,7 +138,12 @@ static int32_t run(arbiter_workspace* ws, const arbiter_allreduce_args* args, vo
 
 static void destroy(arbiter_workspace* ws) { free(ws); }
 
-static const char* last_error(void) { return getenv("RECORDING_NULL_ERROR") ? NULL : g_error; }
+static const char* last_error(void) {
+  if (getenv("RECORDING_NULL_ERROR") != NULL) return NULL;
+  /* Constant: every rank thread's run() fails at once. */
+  if (from_environment("_STATUS") != NULL) return RECORDING_NAME ": RECORDING_..._STATUS";
+  return g_error;
+}
 
 static void abort_workspace(arbiter_workspace* ws) {
   (void)ws;
