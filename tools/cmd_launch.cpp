@@ -276,6 +276,13 @@ bool Launcher::start(Rank& rank, const std::string& token) {
   } while (n < 0 && errno == EINTR);
   ::close(exec_error[0]);
   if (n == sizeof(error)) {
+    // The child exits at once: reaped here, it is not among the ranks
+    // stopped (it never ran).
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    rank.running = false;
+    rank.wait_status = status;
     begin_stop(error < 0 ? "rank " + std::to_string(rank.index) + " could not be pinned to CPU " +
                                std::to_string(cpus_[static_cast<std::size_t>(rank.index)]) + ": " +
                                std::strerror(-error)

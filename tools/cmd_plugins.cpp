@@ -1,6 +1,7 @@
 // arbiter plugins: every backend module found, its ABI version, and whether
 // it is available here or why not; then the backends this build does not
 // carry, and why.
+#include <filesystem>
 #include <iostream>
 #include <vector>
 
@@ -112,6 +113,13 @@ int cmd_plugins(const Args& args) {
     std::cout << "\n";
   }
   for (const AbsentModule& a : absent) std::cout << a.name << "  " << a.reason << "\n";
+  // A typo'd folder is otherwise silently searched for nothing.
+  for (const std::string& place : gpu.search_path) {
+    std::error_code ec;
+    if (!std::filesystem::exists(place, ec)) {
+      std::cout << "note: ARBITER_PLUGIN_PATH names " << place << ", which does not exist\n";
+    }
+  }
   return kExitOk;
 }
 

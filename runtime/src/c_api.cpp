@@ -320,6 +320,13 @@ int32_t create_into(std::unique_ptr<arbiter_comm>& comm, const arbiter_oob& oob,
   d.probe = {o.capability.is_cpu() ? ARBITER_DEVICE_CPU : ARBITER_DEVICE_GPU, o.device};
   comm->registry.emplace(arbiter::Registry::discover(d));
   comm->device = o.device;
+  // The caller's mistake, not an unavailable group.
+  if (oob.size < 1 || oob.rank < 0 || oob.rank >= oob.size || !oob.allgather || !oob.broadcast ||
+      !oob.barrier) {
+    return fail(ARBITER_INVALID_ARGUMENT,
+                "oob: rank " + std::to_string(oob.rank) + " of " + std::to_string(oob.size) +
+                    ", or a NULL function (allgather, broadcast and barrier are all required)");
+  }
   try {
     comm->comm = std::make_unique<arbiter::Communicator>(oob, policy.policy, *comm->registry, o);
   } catch (const arbiter::CommunicatorError& e) {

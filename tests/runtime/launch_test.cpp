@@ -215,6 +215,8 @@ BOOST_AUTO_TEST_CASE(a_program_that_cannot_start_is_named) {
   BOOST_TEST(contains(run.result.output,
                       "arbiter launch: rank 0 could not start '/no/such/program': No such file"),
              run.result.output);
+  // It never ran: not named among the ranks stopped.
+  BOOST_TEST(!contains(run.result.output, "stopped rank 0"), run.result.output);
 }
 
 // Pinning: each rank runs on the CPU it was given, from the flag or the

@@ -517,6 +517,10 @@ BOOST_AUTO_TEST_CASE(plugins_lists_every_module_with_its_availability) {
       run_command("env ARBITER_PLUGIN_PATH=/nonexistent:" + std::string(ARBITER_PLUGIN_DIR) + " " +
                   ARBITER_BIN + " plugins");
   BOOST_TEST(broken.exit_code == 0, broken.output);
+  BOOST_TEST(contains(broken.output,
+                      "note: ARBITER_PLUGIN_PATH names /nonexistent, which does not "
+                      "exist"),
+             broken.output);
   BOOST_TEST(contains(broken.output, "shm  ABI v2 (registered memory)  available (cpu ranks)"),
              broken.output);
   // A copy of shm earlier in the path serves CPU ranks; the built-in one is

@@ -390,6 +390,19 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   BOOST_TEST(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(std::string(arbiter_last_error()).find("pattern_mask 128") != std::string::npos);
   BOOST_TEST(comm == nullptr);
+  // So is an oob without a function, or a rank outside its group.
+  o.pattern_mask = 0;
+  arbiter_oob broken = oob;
+  broken.barrier = nullptr;
+  BOOST_TEST(arbiter_comm_create(&broken, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("a NULL function") != std::string::npos,
+             arbiter_last_error());
+  broken = oob;
+  broken.rank = 5;
+  BOOST_TEST(arbiter_comm_create(&broken, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("oob: rank 5 of 1") != std::string::npos,
+             arbiter_last_error());
+  BOOST_TEST(comm == nullptr);
   arbiter_policy_free(p);
   unsetenv("ARBITER_PLUGIN_PATH");
 }
