@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "arbiter/bootstrap.h"
+#include "arbiter/common/shm_object.h"
 #include "cli.h"
 #include "cpu_affinity.h"
 
@@ -482,9 +483,9 @@ void remove_left_in_dev_shm(const std::vector<Rank>& ranks) {
   for (const fs::directory_entry& entry : fs::directory_iterator("/dev/shm", ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(kPrefix) || name.size() < kPrefix.size() + 16) continue;
-    const std::string group = name.substr(name.size() - 16, 8);
-    if (group.find_first_not_of("0123456789abcdef") != std::string::npos) continue;
-    const auto pgid = static_cast<pid_t>(std::stoul(group, nullptr, 16));
+    const std::optional<pid_t> group = common::shm_object_creator_group(name);
+    if (!group) continue;
+    const pid_t pgid = *group;
     for (const Rank& rank : ranks) {
       if (rank.pid <= 0 || rank.pid != pgid) continue;
       if (::kill(-pgid, 0) == 0 || errno != ESRCH) continue;  // the group lives (again)

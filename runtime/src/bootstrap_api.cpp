@@ -42,32 +42,34 @@ class UcxGroup {
 
   BootstrapStatus allgather(const void* send, void* recv, std::size_t bytes,
                             std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mutex_, std::defer_lock);
-    if (!lock.try_lock_for(timeout)) return busy(timeout);
-    return status(ucx_.allgather(group_, send, recv, bytes, timeout.count()));
+    return in_turn(timeout,
+                   [&] { return ucx_.allgather(group_, send, recv, bytes, timeout.count()); });
   }
   BootstrapStatus broadcast(void* buf, std::size_t bytes, int root,
                             std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mutex_, std::defer_lock);
-    if (!lock.try_lock_for(timeout)) return busy(timeout);
-    return status(ucx_.broadcast(group_, buf, bytes, root, timeout.count()));
+    return in_turn(timeout,
+                   [&] { return ucx_.broadcast(group_, buf, bytes, root, timeout.count()); });
   }
   BootstrapStatus barrier(std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mutex_, std::defer_lock);
-    if (!lock.try_lock_for(timeout)) return busy(timeout);
-    return status(ucx_.barrier(group_, timeout.count()));
+    return in_turn(timeout, [&] { return ucx_.barrier(group_, timeout.count()); });
   }
 
  private:
   // UCX's worker is not thread-safe: two threads of one process in the
   // group's collectives at once (two communicators created from the shared
-  // from_environment() group, say) aborted inside UCX. One at a time; the
-  // collectives still pair across ranks in the order each rank makes them.
-  static BootstrapStatus busy(std::chrono::milliseconds timeout) {
-    return {ARBITER_TIMEOUT, "bootstrap: another thread of this process used the group for " +
-                                 std::to_string(timeout.count()) +
-                                 " ms (its collectives are one at a time: create, allocate "
-                                 "and destroy communicators from one thread)"};
+  // from_environment() group, say) aborted inside UCX. One at a time, each
+  // waiting at most its timeout for its turn; the collectives still pair
+  // across ranks in the order each rank makes them.
+  template <class Collective>
+  BootstrapStatus in_turn(std::chrono::milliseconds timeout, Collective collective) {
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (!lock.try_lock_for(timeout)) {
+      return {ARBITER_TIMEOUT, "bootstrap: another thread of this process used the group for " +
+                                   std::to_string(timeout.count()) +
+                                   " ms (its collectives are one at a time: create, allocate "
+                                   "and destroy communicators from one thread)"};
+    }
+    return status(collective());
   }
 
   BootstrapStatus status(int32_t code) const {

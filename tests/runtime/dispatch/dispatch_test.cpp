@@ -55,15 +55,22 @@ struct Call {
   std::uint32_t hidden;
 };
 
-// Runs `calls` on `ranks` communicators; returns rank 0's decisions.
-std::vector<arbiter::Decision> run(int ranks, std::uint32_t nodes, bool multicast,
-                                   const std::vector<Call>& calls) {
+// Runs `calls` on `ranks` communicators of capability 103 over `modules`:
+// rank 0's results, and each rank's first error (creation or a call), ""
+// for none.
+struct Ran {
+  std::vector<arbiter::Communicator::Result> rank0;
+  std::vector<std::string> errors;
+};
+Ran run_on_ranks(const arbiter::Registry& modules, int ranks, std::uint32_t nodes, bool multicast,
+                 const std::vector<Call>& calls) {
   arbiter::test::ThreadGroup group(ranks);
-  std::vector<std::vector<arbiter::Decision>> decisions(ranks);
-  std::vector<std::string> errors(ranks);
+  Ran ran;
+  ran.errors.resize(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
+      std::string& error = ran.errors[r];
       try {
         arbiter::CommunicatorOptions o;
         o.capability = arbiter::Capability::sm(103);
@@ -76,7 +83,7 @@ std::vector<arbiter::Decision> run(int ranks, std::uint32_t nodes, bool multicas
         o.dtype = arbiter::Dtype::kBf16;
         o.timeout = std::chrono::seconds(30);
         const arbiter_oob oob = group.oob(r);
-        arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry(), o);
+        arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), modules, o);
         std::vector<std::uint16_t> dummy(1);
         for (const Call& c : calls) {
           arbiter_allreduce_args a{};
@@ -89,18 +96,30 @@ std::vector<arbiter::Decision> run(int ranks, std::uint32_t nodes, bool multicas
           a.gamma = dummy.data();
           a.norm_out = dummy.data();
           a.residual_out = dummy.data();
-          const auto result = comm.allreduce_fusion(a, nullptr);
-          if (result.status != ARBITER_OK) errors[r] = result.error;
-          decisions[r].push_back(result.decision);
+          auto result = comm.allreduce_fusion(a, nullptr);
+          if (result.status != ARBITER_OK && error.empty()) error = result.error;
+          if (r == 0) ran.rank0.push_back(std::move(result));
         }
       } catch (const std::exception& e) {
-        errors[r] = e.what();
+        error = e.what();
       }
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) BOOST_TEST(errors[r].empty(), "rank " << r << ": " << errors[r]);
-  return decisions[0];
+  return ran;
+}
+
+// Runs `calls` on `ranks` communicators, every one of which must succeed;
+// returns rank 0's decisions.
+std::vector<arbiter::Decision> run(int ranks, std::uint32_t nodes, bool multicast,
+                                   const std::vector<Call>& calls) {
+  const Ran ran = run_on_ranks(registry(), ranks, nodes, multicast, calls);
+  for (int r = 0; r < ranks; ++r) {
+    BOOST_TEST(ran.errors[r].empty(), "rank " << r << ": " << ran.errors[r]);
+  }
+  std::vector<arbiter::Decision> decisions;
+  for (const auto& result : ran.rank0) decisions.push_back(result.decision);
+  return decisions;
 }
 
 }  // namespace
@@ -141,52 +160,12 @@ BOOST_AUTO_TEST_CASE(a_single_node_job_runs_fused_on_trtllm) {
   BOOST_TEST(counts_of("trtllm").oneshot - before.oneshot == 8);
 }
 
-namespace {
-
-// Rank 0's results of `calls` residual + RMSNorm calls of 16 x 7168 bf16 on
-// 8 single-node ranks of capability 103, through `registry`.
-std::vector<arbiter::Communicator::Result> results_of(const arbiter::Registry& registry,
-                                                      int calls) {
-  constexpr int kRanks = 8;
-  arbiter::test::ThreadGroup group(kRanks);
-  std::vector<arbiter::Communicator::Result> results;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      arbiter::CommunicatorOptions o;
-      o.capability = arbiter::Capability::sm(103);
-      o.device = r;
-      o.max_tokens = 16384;
-      o.hidden = 7168;
-      o.timeout = std::chrono::seconds(30);
-      const arbiter_oob oob = group.oob(r);
-      arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry, o);
-      std::vector<std::uint16_t> dummy(1);
-      for (int c = 0; c < calls; ++c) {
-        arbiter_allreduce_args a{};
-        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
-        a.dtype = ARBITER_DTYPE_BF16;
-        a.tokens = 16;
-        a.hidden = 7168;
-        a.input = a.residual_in = a.gamma = dummy.data();
-        a.norm_out = a.residual_out = dummy.data();
-        auto result = comm.allreduce_fusion(a, nullptr);
-        if (r == 0) results.push_back(std::move(result));
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(a_module_status_outside_the_abi_or_a_null_error_is_an_internal_fault) {
   // A module that breaks the ABI (status 4242, last_error() NULL) gets a
   // message, not a crash, and leaves the communicator unusable.
   ::setenv("RECORDING_TRTLLM_STATUS", "4242", 1);
   ::setenv("RECORDING_NULL_ERROR", "1", 1);
-  const auto results = results_of(registry(), 2);
+  const auto results = run_on_ranks(registry(), 8, 1, false, {{16, 7168}, {16, 7168}}).rank0;
   ::unsetenv("RECORDING_TRTLLM_STATUS");
   ::unsetenv("RECORDING_NULL_ERROR");
   BOOST_TEST_REQUIRE(results.size() == 2u);
@@ -212,7 +191,7 @@ BOOST_AUTO_TEST_CASE(a_module_that_does_not_run_the_world_size_gets_no_workspace
   o.probe = {ARBITER_DEVICE_GPU, 0};
   const arbiter::Registry narrowed = arbiter::Registry::discover(o);
   ::unsetenv("RECORDING_TRTLLM_WORLD_SIZES");
-  const auto results = results_of(narrowed, 1);
+  const auto results = run_on_ranks(narrowed, 8, 1, false, {{16, 7168}}).rank0;
   BOOST_TEST_REQUIRE(results.size() == 1u);
   BOOST_TEST(results[0].status == ARBITER_OK, results[0].error);
   BOOST_TEST(arbiter::backend_name(results[0].decision.backend) == "nccl");
@@ -230,8 +209,7 @@ BOOST_AUTO_TEST_CASE(a_cpu_communicator_over_modules_probed_for_a_gpu_says_how_t
     arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry(), o);
     BOOST_FAIL("created a CPU communicator over GPU-probed modules");
   } catch (const arbiter::CommunicatorError& e) {
-    BOOST_TEST(std::string(e.what()).find("probed for a GPU rank") != std::string::npos,
-               e.what());
+    BOOST_TEST(std::string(e.what()).find("probed for a GPU rank") != std::string::npos, e.what());
     BOOST_TEST(std::string(e.what()).find("{ARBITER_DEVICE_CPU, -1}") != std::string::npos,
                e.what());
   }

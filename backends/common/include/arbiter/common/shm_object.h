@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "arbiter/common/status.h"
 
@@ -63,6 +65,16 @@ inline Status create_shm_object(const char* prefix, std::uint64_t bytes, const c
   close(fd);
   if (!status.ok()) shm_unlink(name.c_str());
   return status;
+}
+
+// The process group that created an object of create_shm_object()'s,
+// read from its name (with or without the leading '/'), or nothing when the
+// name is not of that form.
+inline std::optional<pid_t> shm_object_creator_group(std::string_view name) {
+  if (name.size() < 16) return std::nullopt;
+  const std::string_view group = name.substr(name.size() - 16, 8);
+  if (group.find_first_not_of("0123456789abcdef") != std::string_view::npos) return std::nullopt;
+  return static_cast<pid_t>(std::stoul(std::string(group), nullptr, 16));
 }
 
 // Opens and maps the whole of object `name`, which must hold `bytes` bytes;
