@@ -41,14 +41,17 @@ constexpr std::size_t kMaxLine = 64 * 1024;  // longer lines are cut into pieces
 constexpr auto kDrainWait = std::chrono::seconds(1);
 
 constexpr const char* kUsage =
-    "usage: arbiter launch --nproc N [--timeout S] [--port P] [--grace S]\n"
-    "                      [--cpu-affinity none|spread|CPUS] -- PROGRAM ARGS...\n"
+    "usage: arbiter launch --nproc N [--timeout S] [--port P] [--bootstrap-port Q]\n"
+    "                      [--grace S] [--cpu-affinity none|spread|CPUS] -- PROGRAM ARGS...\n"
     "\n"
     "Starts N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
-    "LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port unless --port),\n"
-    "ARBITER_JOB_TOKEN (fresh and random), and UCX_TLS=tcp,self UCX_NET_DEVICES=lo unless\n"
-    "already set. Each line a rank writes is printed as `[rank K] LINE` on the same\n"
-    "stream (stdout or stderr); ranks read stdin from /dev/null.\n"
+    "LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port unless --port;\n"
+    "torch.distributed's store listens there), ARBITER_BOOTSTRAP_PORT (arbiter's own\n"
+    "bootstrap: --bootstrap-port, else ARBITER_BOOTSTRAP_PORT when set, else another free\n"
+    "port), ARBITER_JOB_TOKEN (fresh and random), and UCX_TLS=tcp,self\n"
+    "UCX_NET_DEVICES=lo unless already set. Each line a rank writes is printed as\n"
+    "`[rank K] LINE` on the same stream (stdout or stderr); ranks read stdin from\n"
+    "/dev/null.\n"
     "\n"
     "--cpu-affinity (or ARBITER_CPU_AFFINITY; the flag wins) pins each rank to one CPU:\n"
     "`spread` puts rank r on the r-th CPU this launcher may use, a list (0,2,4-7) on its\n"
@@ -157,11 +160,12 @@ struct Rank {
 class Launcher {
  public:
   Launcher(int nproc, std::vector<std::string> program, std::optional<double> timeout, double grace,
-           std::uint16_t port, std::vector<int> cpus)
+           std::uint16_t port, std::uint16_t bootstrap_port, std::vector<int> cpus)
       : program_(std::move(program)),
         timeout_(timeout),
         grace_(grace),
         port_(port),
+        bootstrap_port_(bootstrap_port),
         cpus_(std::move(cpus)) {
     ranks_.resize(nproc);
     for (int i = 0; i < nproc; ++i) ranks_[i].index = i;
@@ -182,8 +186,9 @@ class Launcher {
   std::vector<std::string> program_;
   std::optional<double> timeout_;
   double grace_;
-  std::uint16_t port_;
-  std::vector<int> cpus_;  // CPU of each rank; empty: not pinned
+  std::uint16_t port_;            // MASTER_PORT
+  std::uint16_t bootstrap_port_;  // ARBITER_BOOTSTRAP_PORT
+  std::vector<int> cpus_;         // CPU of each rank; empty: not pinned
   std::vector<Rank> ranks_;
   pid_t self_ = ::getpid();
 
@@ -195,9 +200,13 @@ class Launcher {
 
 std::vector<std::string> Launcher::environment_for(int rank, const std::string& token) const {
   const std::vector<std::pair<std::string, std::string>> ours = {
-      {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(ranks_.size())},
-      {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(ranks_.size())},
-      {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port_)},
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(ranks_.size())},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(ranks_.size())},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port_)},
+      {"ARBITER_BOOTSTRAP_PORT", std::to_string(bootstrap_port_)},
       {"ARBITER_JOB_TOKEN", token},
   };
   // Every rank is on this host: loopback TCP is the one transport sure to work.
@@ -541,6 +550,9 @@ int cmd_launch(const Args& args) {
   desc.add_options()("nproc", po::value<std::string>(), "ranks to start (required, 1..1024)")(
       "timeout", po::value<std::string>(), "stop every rank after S seconds (default: never)")(
       "port", po::value<std::string>(), "MASTER_PORT (default: a free port of 127.0.0.1)")(
+      "bootstrap-port", po::value<std::string>(),
+      "ARBITER_BOOTSTRAP_PORT, where arbiter's rank 0 listens (default: ARBITER_BOOTSTRAP_PORT "
+      "when set, else a free port other than MASTER_PORT)")(
       "grace", po::value<std::string>()->default_value("5"),
       "seconds between SIGTERM and SIGKILL when stopping ranks")(
       "cpu-affinity", po::value<std::string>(),
@@ -580,16 +592,22 @@ int cmd_launch(const Args& args) {
   std::optional<double> timeout;
   if (vm.count("timeout")) timeout = seconds_flag(vm, "timeout", false);
   const double grace = seconds_flag(vm, "grace", true);
-  std::uint16_t port = 0;
-  if (vm.count("port")) {
-    const std::string text = vm["port"].as<std::string>();
+  auto port_flag = [](const std::string& text, const std::string& what) {
     bool digits = !text.empty() && text.size() <= 5;
     for (char c : text) digits = digits && c >= '0' && c <= '9';
     const long value = digits ? std::stol(text) : 0;
     if (value < 1 || value > 65535) {
-      throw UsageError{"--port '" + text + "' is not a port number in 1..65535"};
+      throw UsageError{what + " '" + text + "' is not a port number in 1..65535"};
     }
-    port = static_cast<std::uint16_t>(value);
+    return static_cast<std::uint16_t>(value);
+  };
+  std::uint16_t port = 0;
+  if (vm.count("port")) port = port_flag(vm["port"].as<std::string>(), "--port");
+  std::uint16_t bootstrap_port = 0;
+  if (vm.count("bootstrap-port")) {
+    bootstrap_port = port_flag(vm["bootstrap-port"].as<std::string>(), "--bootstrap-port");
+  } else if (const char* env = std::getenv("ARBITER_BOOTSTRAP_PORT"); env && *env) {
+    bootstrap_port = port_flag(env, "ARBITER_BOOTSTRAP_PORT");
   }
   if (program.empty()) {
     throw UsageError{"give the program to run: arbiter launch --nproc N -- PROGRAM ARGS..."};
@@ -608,8 +626,19 @@ int cmd_launch(const Args& args) {
     }
     std::cerr << "arbiter launch: ranks pinned to CPUs (rank:cpu) " << text << "\n";
   }
-  if (port == 0) port = free_bootstrap_port();
-  return Launcher(nproc, std::move(program), timeout, grace, port, std::move(cpus)).run();
+  // Two ports unless both are given: arbiter's rank 0 listens on its own for
+  // as long as its group lives, and a torch.distributed store on MASTER_PORT
+  // must still be able to listen there, before or after it.
+  if (port == 0) {
+    do port = free_bootstrap_port();
+    while (port == bootstrap_port);
+  }
+  if (bootstrap_port == 0) {
+    do bootstrap_port = free_bootstrap_port();
+    while (bootstrap_port == port);
+  }
+  return Launcher(nproc, std::move(program), timeout, grace, port, bootstrap_port, std::move(cpus))
+      .run();
 }
 
 }  // namespace arbiter::cli

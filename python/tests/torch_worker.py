@@ -278,6 +278,37 @@ def scenario_refusals(outdir: str) -> None:
     print(f"rank {comm.rank}: refusals joined", flush=True)
 
 
+def both_groups(arbiter_first: bool) -> None:
+    """arbiter's bootstrap and a gloo group in one process: under `arbiter
+    launch` they listen on two ports (ARBITER_BOOTSTRAP_PORT, MASTER_PORT),
+    in either order, and both carry calls."""
+    if not arbiter_first:
+        init_gloo(timeout=60)
+    comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
+    if arbiter_first:
+        init_gloo(timeout=60)
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(3, HIDDEN, generator=gen) for _ in range(2)]
+    got = comm.allreduce_fusion(xs[comm.rank]).allreduce_out
+    if not torch.allclose(got, xs[0] + xs[1]):
+        fail("the arbiter call is wrong")
+    t = torch.tensor([comm.rank + 1.0])
+    dist.all_reduce(t)
+    if t.item() != 3.0:
+        fail(f"gloo's all_reduce gave {t.item()}")
+    comm.close()
+    dist.destroy_process_group()
+    print(f"rank {comm.rank}: both groups OK", flush=True)
+
+
+def scenario_arbiter_then_gloo(outdir: str) -> None:
+    both_groups(arbiter_first=True)
+
+
+def scenario_gloo_then_arbiter(outdir: str) -> None:
+    both_groups(arbiter_first=False)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     scenario, outdir = sys.argv[1], sys.argv[2]

@@ -79,6 +79,31 @@ BOOST_AUTO_TEST_CASE(each_rank_gets_torchrun_variables_and_one_job_token) {
   BOOST_TEST(tokens.begin()->size() == 32u);  // 128 random bits in hex
 }
 
+BOOST_AUTO_TEST_CASE(arbiter_listens_on_a_port_of_its_own_beside_master_port) {
+  // Rank 0 of arbiter's bootstrap keeps its port while its group lives, so a
+  // torch.distributed store on MASTER_PORT needs another, in either order.
+  const std::string script = "echo ports $MASTER_PORT $ARBITER_BOOTSTRAP_PORT";
+  Run run = launch_sh("--nproc 2", script, "-u ARBITER_BOOTSTRAP_PORT");
+  BOOST_TEST(run.result.exit_code == 0, run.result.output);
+  const std::vector<std::string> lines = lines_starting(run.result.output, "[rank 1] ports ");
+  BOOST_REQUIRE_EQUAL(lines.size(), 1u);
+  std::istringstream ports(lines[0].substr(std::string("[rank 1] ports ").size()));
+  int master = 0, bootstrap = 0;
+  ports >> master >> bootstrap;
+  BOOST_TEST(master > 0);
+  BOOST_TEST(bootstrap > 0);
+  BOOST_TEST(master != bootstrap, run.result.output);
+
+  run = launch_sh("--nproc 2 --port 29999 --bootstrap-port 29998", script);
+  BOOST_TEST(contains(run.result.output, "[rank 0] ports 29999 29998\n"), run.result.output);
+  // Set by the caller (as for torchrun): kept; the flag still wins.
+  run = launch_sh("--nproc 2 --port 29999", script, "ARBITER_BOOTSTRAP_PORT=29601");
+  BOOST_TEST(contains(run.result.output, "[rank 1] ports 29999 29601\n"), run.result.output);
+  run = launch_sh("--nproc 2 --port 29999 --bootstrap-port 29602", script,
+                  "ARBITER_BOOTSTRAP_PORT=29601");
+  BOOST_TEST(contains(run.result.output, "[rank 1] ports 29999 29602\n"), run.result.output);
+}
+
 BOOST_AUTO_TEST_CASE(each_launch_draws_a_fresh_token_and_a_free_port) {
   const std::string script = "echo $ARBITER_JOB_TOKEN $MASTER_PORT";
   const Run a = launch_sh("--nproc 1", script);
@@ -268,6 +293,8 @@ BOOST_AUTO_TEST_CASE(bad_command_lines_exit_2_with_the_reason) {
       {"--nproc 2 --", "give the program to run"},
       {"--nproc 2 --port 0 -- true", "--port '0' is not a port number in 1..65535"},
       {"--nproc 2 --port 70000 -- true", "--port '70000' is not a port number"},
+      {"--nproc 2 --bootstrap-port x -- true",
+       "--bootstrap-port 'x' is not a port number in 1..65535"},
       {"--nproc 2 --timeout -1 -- true", "--timeout '-1' is not a number of seconds > 0"},
       {"--nproc 2 --timeout soon -- true", "--timeout 'soon' is not a number of seconds"},
       {"--nproc 2 --grace x -- true", "--grace 'x' is not a number of seconds >= 0"},

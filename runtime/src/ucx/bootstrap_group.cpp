@@ -268,9 +268,13 @@ StarGroup::~StarGroup() {
     for (auto& conn : conns_) close(conn.get(), true);
     drain_closes(Clock::now() + std::chrono::seconds(1));
     if (listener_ != nullptr) {
-      for (ucp_conn_request_h request : conn_requests_) ucp_listener_reject(listener_, request);
-      conn_requests_.clear();
+      // Requests still queued become endpoints, closed at once: a rejected
+      // one crashes UCX's TCP connection manager when the client answers
+      // (openucx/ucx#11235; Debian 12's UCX 1.13 has it).
+      accept_pending();
+      for (auto& conn : conns_) close(conn.get(), true);
       ucp_listener_destroy(listener_);
+      listener_ = nullptr;
     }
     // Sends to force-closed endpoints complete with an error; whatever is
     // still pending (a send, or a close that a stopped peer never let
@@ -333,10 +337,8 @@ void StarGroup::join_as_server(Clock::time_point deadline) {
   const int world = options_.world_size;
   by_rank_.assign(world, nullptr);
   std::optional<BootstrapError> failure;
+  // progress() takes the hellos (tend_strangers()).
   auto all_in = [&] {
-    while (std::unique_ptr<Inbound> m = take([](const Inbound& in) { return !in.from->joined; })) {
-      handle_hello(std::move(m));
-    }
     answer_byes();
     std::vector<int> gone, left;
     for (int r = 1; r < world; ++r) {
@@ -359,15 +361,6 @@ void StarGroup::join_as_server(Clock::time_point deadline) {
                                                " gave up waiting "
                                                "for the others");
       return true;
-    }
-    // Strangers that hung up are closed; refused ones are expected to hang
-    // up themselves, and are cut off when they do not.
-    const Clock::time_point now = Clock::now();
-    for (auto& conn : conns_) {
-      if (conn->joined || conn->ep == nullptr) continue;
-      if (conn->failed || (conn->refused && now - conn->refused_at > kRefusedLinger)) {
-        close(conn.get(), true);
-      }
     }
     return std::count(by_rank_.begin() + 1, by_rank_.end(), nullptr) == 0;
   };
@@ -395,16 +388,13 @@ void StarGroup::join_as_server(Clock::time_point deadline) {
   }
 
   for (int r = 1; r < world; ++r) send(by_rank_[r], kReady, Op::kNone, 0, nullptr);
+  complete_ = true;
+  // The listener stays until the group ends: a process that comes late (a
+  // second RANK=1, another job on this port) is refused whenever rank 0
+  // progresses. Destroying it now would reject a connection in its
+  // handshake, which UCX's TCP connection manager does not survive (a
+  // SIGSEGV in its async thread, see ~StarGroup).
   wait_until([&] { return in_flight_.empty(); }, std::max(deadline, Clock::now() + kNotifyWait));
-  // Everyone is in: stop listening, and drop strangers still connected.
-  for (ucp_conn_request_h request : conn_requests_) ucp_listener_reject(listener_, request);
-  conn_requests_.clear();
-  ucp_listener_destroy(listener_);
-  listener_ = nullptr;
-  for (auto& conn : conns_) {
-    if (!conn->joined) close(conn.get(), true);
-  }
-  std::erase_if(inbox_, [](const std::unique_ptr<Inbound>& m) { return !m->from->joined; });
 }
 
 void StarGroup::handle_hello(std::unique_ptr<Inbound> hello) {
@@ -426,7 +416,12 @@ void StarGroup::handle_hello(std::unique_ptr<Inbound> hello) {
   }
   if (Conn* holder = by_rank_[h.rank]; holder != nullptr) {
     return refuse(conn, "rank " + std::to_string(h.rank) + " is already connected (from " +
-                            holder->peer + ")");
+                            holder->peer + ")" +
+                            (complete_ ? "; the group of " + std::to_string(world) +
+                                             " ranks is complete: were two processes started "
+                                             "with RANK=" +
+                                             std::to_string(h.rank) + "?"
+                                       : ""));
   }
   conn->rank = h.rank;
   conn->joined = true;
@@ -544,7 +539,8 @@ bool StarGroup::try_connect(Clock::time_point deadline, std::string* last_error)
   }
   *last_error = conn->failed ? ucx_text(conn->error)
                              : "connected, but rank 0 did not answer (is another program "
-                               "listening on that port?)";
+                               "listening on that port, or is rank 0's group complete and "
+                               "between collectives?)";
   close(conn, true);
   return false;
 }
@@ -860,6 +856,7 @@ void StarGroup::progress() {
   while (ucp_worker_progress(worker_) != 0) {
   }
   accept_pending();
+  tend_strangers();
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     Outbound& out = **it;
     const ucs_status_t status = ucp_request_check_status(out.request);
@@ -947,6 +944,25 @@ void StarGroup::accept_pending() {
     }
     by_ep_[conn->ep] = conn;
     conns_.push_back(std::move(conn_owner));
+  }
+}
+
+void StarGroup::tend_strangers() {
+  // Rank 0 only, once its table of ranks exists (join_as_server()).
+  if (listener_ == nullptr || by_rank_.size() != static_cast<std::size_t>(options_.world_size)) {
+    return;
+  }
+  while (std::unique_ptr<Inbound> m = take([](const Inbound& in) { return !in.from->joined; })) {
+    handle_hello(std::move(m));
+  }
+  // Strangers that hung up are closed; refused ones are expected to hang up
+  // themselves, and are cut off when they do not.
+  const Clock::time_point now = Clock::now();
+  for (auto& conn : conns_) {
+    if (conn->joined || conn->ep == nullptr) continue;
+    if (conn->failed || (conn->refused && now - conn->refused_at > kRefusedLinger)) {
+      close(conn.get(), true);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 // The UCX star behind arbiter::Bootstrap (private).
 //
-// Rank 0 owns a ucp_listener; every other rank holds one endpoint to rank 0.
+// Rank 0 owns a ucp_listener, for the life of the group (late or stray
+// connections are refused, never left to UCX's reject path); every other
+// rank holds one endpoint to rank 0.
 // All traffic is active messages (one id) whose header is a WireHeader; the
 // receiver finds the sending connection through the reply endpoint.
 //
@@ -92,6 +94,9 @@ class StarGroup {
   // Server: turns queued connection requests into endpoints; answers Bye.
   void accept_pending();
   void answer_byes();
+  // Rank 0: answers the hellos of connections not yet joined (late ones
+  // too, while the group lives) and closes strangers that are done.
+  void tend_strangers();
   void handle_hello(std::unique_ptr<Inbound> hello);
   void refuse(Conn* conn, const std::string& reason);
 
@@ -120,6 +125,7 @@ class StarGroup {
   std::list<std::shared_ptr<Outbound>> in_flight_;
   std::vector<void*> closing_;
 
+  bool complete_ = false;                  // rank 0: every rank joined
   std::uint32_t seq_ = 0;                  // collectives issued so far
   std::optional<BootstrapStatus> broken_;  // first failure; sticky
 };
