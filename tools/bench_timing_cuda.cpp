@@ -275,7 +275,11 @@ std::unique_ptr<Runner> make_cuda_runner(int device, std::string& why) {
     why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
     return nullptr;
   }
-  if (device < 0 || device >= count) {
+  if (device < 0) {
+    why = "LOCAL_RANK is not set (a GPU rank's device; torchrun and `arbiter launch` set it)";
+    return nullptr;
+  }
+  if (device >= count) {
     why = "LOCAL_RANK " + std::to_string(device) + " names no GPU (this host has " +
           std::to_string(count) + ")";
     return nullptr;

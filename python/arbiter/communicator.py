@@ -175,7 +175,8 @@ class Communicator:
         """Collective: meets the other ranks through arbiter's UCX bootstrap
         from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
         MASTER_PORT), as `arbiter launch` and torchrun set them. GPU ranks
-        use CUDA device `device`, by default LOCAL_RANK. `patterns` as for
+        use CUDA device `device`, by default LOCAL_RANK (CPU ranks need
+        no LOCAL_RANK). `patterns` as for
         the constructor."""
         self = cls.__new__(cls)
         self._setup(hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,

@@ -74,13 +74,14 @@ def start(tmp_path, nproc: int, scenario: str) -> list[dict]:
         UCX_TLS="tcp,self", UCX_NET_DEVICES="lo",
     )
     for name in ("ARBITER_CONFIG", "ARBITER_BACKENDS", "ARBITER_CHECK_CALLS",
-                 "ARBITER_TEST_FAULT"):
+                 "ARBITER_TEST_FAULT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
     ranks = []
     for r in range(nproc):
         ranks.append(subprocess.Popen(
             [sys.executable, WORKER, scenario, str(tmp_path)],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            # No LOCAL_RANK: CPU ranks started by hand need none.
+            env=dict(env, RANK=str(r)),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=120)[0] for p in ranks]
     records = []

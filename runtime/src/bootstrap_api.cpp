@@ -190,7 +190,7 @@ Bootstrap Bootstrap::connect(const BootstrapOptions& options) {
     invalid("rank " + std::to_string(options.rank) + " is not in 0.." +
             std::to_string(options.world_size - 1));
   }
-  if (options.local_rank < 0) invalid("local_rank must not be negative");
+  if (options.local_rank < -1) invalid("local_rank must be >= 0, or -1 for none (CPU ranks)");
   if (options.timeout.count() <= 0) invalid("the timeout must be above 0");
   if (options.job_token.empty()) invalid("the job token must not be empty");
   auto impl = std::make_unique<Impl>(options);

@@ -83,9 +83,15 @@ BootstrapOptions bootstrap_options_from_environment(std::chrono::milliseconds ti
     fail("RANK=" + std::to_string(o.rank) + " is not below WORLD_SIZE=" +
          std::to_string(o.world_size) + " (hint: ranks are numbered 0 .. WORLD_SIZE-1)");
   }
-  o.local_rank = static_cast<int>(parse_integer("LOCAL_RANK", require("LOCAL_RANK"), 0, kMaxRanks,
-                                                "a whole number >= 0 (the GPU ordinal)"));
-  if (std::optional<std::string> lws = get("LOCAL_WORLD_SIZE"); lws && !lws->empty()) {
+  // Only GPU ranks need it (their device); CPU ranks started by hand may
+  // leave it out.
+  o.local_rank = -1;
+  if (std::optional<std::string> l = get("LOCAL_RANK"); l && !l->empty()) {
+    o.local_rank = static_cast<int>(
+        parse_integer("LOCAL_RANK", *l, 0, kMaxRanks, "a whole number >= 0 (the GPU ordinal)"));
+  }
+  if (std::optional<std::string> lws = get("LOCAL_WORLD_SIZE");
+      lws && !lws->empty() && o.local_rank >= 0) {
     const long local_world =
         parse_integer("LOCAL_WORLD_SIZE", *lws, 1, kMaxRanks, "a whole number >= 1");
     if (o.local_rank >= local_world) {

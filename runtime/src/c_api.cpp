@@ -365,7 +365,15 @@ int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
     } catch (const arbiter::BootstrapError& e) {
       return fail(e.code(), e.what());
     }
-    if (!o.capability.is_cpu() && o.device < 0) o.device = comm->bootstrap->local_rank();
+    if (!o.capability.is_cpu() && o.device < 0) {
+      o.device = comm->bootstrap->local_rank();
+      if (o.device < 0) {
+        return fail(ARBITER_INVALID_ARGUMENT,
+                    "a GPU rank (capability " + std::to_string(options->capability) +
+                        ") needs its CUDA device: LOCAL_RANK is not set (torchrun and `arbiter "
+                        "launch` set it; or pass options.device)");
+      }
+    }
     return create_into(comm, *comm->bootstrap->oob(), *policy, o, out);
   });
 }

@@ -95,11 +95,25 @@ BOOST_AUTO_TEST_CASE(torchrun_variables_are_read_and_local_rank_is_the_gpu) {
 }
 
 BOOST_AUTO_TEST_CASE(missing_variables_are_named_with_the_fix) {
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
     const std::string message = error_for(without(kTorchrun, name));
     BOOST_TEST(contains(message, std::string(name) + " is not set"), message);
     BOOST_TEST(contains(message, "arbiter launch"), message);
   }
+}
+
+BOOST_AUTO_TEST_CASE(cpu_ranks_started_by_hand_need_no_local_rank) {
+  // torchrun and `arbiter launch` set it; a CPU rank started by hand has no
+  // device to name. A GPU rank without it is told at creation (c_api_test).
+  Environment env(without(kTorchrun, "LOCAL_RANK"));
+  const BootstrapOptions o = bootstrap_options_from_environment(std::chrono::seconds(60));
+  BOOST_TEST(o.rank == 3);
+  BOOST_TEST(o.local_rank == -1);
+  // LOCAL_WORLD_SIZE alone constrains nothing.
+  Environment lws(with(without(kTorchrun, "LOCAL_RANK"), "LOCAL_WORLD_SIZE", "2"));
+  BOOST_TEST(bootstrap_options_from_environment(std::chrono::seconds(60)).local_rank == -1);
+  const std::string m = error_for(with(kTorchrun, "LOCAL_RANK", "x"));
+  BOOST_TEST(contains(m, "LOCAL_RANK='x' is not a whole number >= 0 (the GPU ordinal)"), m);
 }
 
 BOOST_AUTO_TEST_CASE(malformed_variables_are_named_with_their_value) {

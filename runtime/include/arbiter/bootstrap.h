@@ -32,7 +32,7 @@ namespace arbiter {
 struct BootstrapOptions {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;                     // the GPU ordinal of this rank (never `rank`)
+  int local_rank = 0;  // the GPU ordinal of this rank (never `rank`); -1: none given (CPU ranks)
   std::string master_addr = "127.0.0.1";  // host name or address of rank 0
   std::uint16_t master_port = 0;          // where rank 0 listens
   // Shared by every rank of the job; rank 0 refuses connections that do not
@@ -65,11 +65,15 @@ struct [[nodiscard]] BootstrapStatus {
 };
 
 // Reads the launcher's environment (torchrun's names):
-//   RANK, WORLD_SIZE, LOCAL_RANK      required integers; LOCAL_RANK is the GPU
+//   RANK, WORLD_SIZE                  required integers
+//   LOCAL_RANK                        the GPU of a GPU rank; optional for CPU
+//                                     ranks (local_rank -1 when unset)
 //   MASTER_ADDR, MASTER_PORT          required when WORLD_SIZE > 1
 //   ARBITER_BOOTSTRAP_PORT            optional: listen/connect here instead of
 //                                     MASTER_PORT (under torchrun its store
-//                                     already holds MASTER_PORT)
+//                                     already holds MASTER_PORT; `arbiter
+//                                     launch` sets a port of its own). Rank 0
+//                                     listens there while the group lives.
 //   ARBITER_JOB_TOKEN                 optional; `arbiter launch` sets a fresh
 //                                     random one. When absent the token is
 //                                     derived as "derived-" + hex FNV-1a-64 of

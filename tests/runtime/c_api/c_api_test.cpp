@@ -273,8 +273,22 @@ BOOST_AUTO_TEST_CASE(comm_from_environment_refuses_what_it_cannot_use) {
   BOOST_TEST(arbiter_comm_create_from_environment(nullptr, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(comm == nullptr);
 
+  // Started by hand without LOCAL_RANK (CPU ranks need none): a GPU rank
+  // that names no device is told which variable is missing.
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  unsetenv("LOCAL_RANK");
+  o.capability = 90;
+  o.device = -1;
+  BOOST_TEST(arbiter_comm_create_from_environment(p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("needs its CUDA device: LOCAL_RANK is not set") !=
+                 std::string::npos,
+             arbiter_last_error());
+  BOOST_TEST(comm == nullptr);
+
   arbiter_comm_info info{};
   BOOST_TEST(arbiter_comm_get_info(nullptr, &info) == ARBITER_INVALID_ARGUMENT);
+  unsetenv("RANK");
   unsetenv("WORLD_SIZE");
   unsetenv("LOCAL_RANK");
   arbiter_policy_free(p);
