@@ -31,8 +31,9 @@ inline constexpr std::uint32_t kNormPatterns =
     kSupportedPatterns & ~(1u << ARBITER_PATTERN_ALLREDUCE);
 inline constexpr std::uint32_t kSupportedDtypes =
     (1u << ARBITER_DTYPE_FP16) | (1u << ARBITER_DTYPE_BF16) | (1u << ARBITER_DTYPE_FP32);
-// World sizes 1..63 (bit w = world size w). NCCL runs one-rank
-// communicators, and a TP=1 job's fallback is one.
+// Every world size from 1 (bit w = world size w; the host reads no bit for
+// 64 and up, which NCCL runs too). NCCL runs one-rank communicators, and a
+// TP=1 job's fallback is one.
 inline constexpr std::uint64_t kWorldSizeMask = ~std::uint64_t{1};
 // Scratch: at least this much (fewer, larger NCCL calls when chunking), at
 // most that much (chunks this large are bandwidth-bound anyway).
