@@ -83,13 +83,20 @@ BOOST_AUTO_TEST_CASE(a_margin_lets_fused_lose_by_that_much) {
   BOOST_TEST(oneshot_cap(g, 10).bytes == 512 * kKiB);
 }
 
-BOOST_AUTO_TEST_CASE(a_loss_in_the_middle_stops_the_cap_before_it) {
+BOOST_AUTO_TEST_CASE(a_small_loss_among_wins_stays_inside_the_cap) {
   const auto data = load_fixtures({"noisy.csv"});
   const Group& g = data->only_group();
   const Cap fusion = fusion_cap(g, 0);
-  BOOST_TEST(fusion.bytes == 512 * kKiB);  // fused wins again at 2 and 4 MiB: not used
-  BOOST_TEST(fusion.lost_at == 1 * kMiB);
+  // Fused loses at 1 MiB by 1/28 and wins again at 2 and 4 MiB by 4/36 and
+  // 4/58: one cap at 4 MiB costs less than one at 512 KiB.
+  BOOST_TEST(fusion.bytes == 4 * kMiB);
+  BOOST_TEST(fusion.lost_at == 8 * kMiB);
+  BOOST_TEST(fusion.lost_inside == std::vector<std::uint64_t>{1 * kMiB});
+  BOOST_TEST(fusion.text() ==
+             "4 MiB (fused lost at 8 MiB: 104 us against 95 us for nccl native unfused; kept "
+             "where it lost at 1 MiB, as one cap fits the wins around it better)");
   BOOST_TEST(fusion_cap(g, 5).bytes == 4 * kMiB);  // 29 <= 1.05 x 28
+  BOOST_TEST(fusion_cap(g, 5).lost_inside.empty());
   BOOST_TEST(oneshot_cap(g, 0).bytes == 512 * kKiB);
   BOOST_TEST(oneshot_cap(g, 5).bytes == 512 * kKiB);  // 31 > 1.05 x 29
 }
@@ -111,6 +118,21 @@ BOOST_AUTO_TEST_CASE(ties_go_to_fused) {
   BOOST_TEST(tie.bytes == 4681ull * 7168 * 2);  // "64 MiB": 63.998 MiB, measured
   BOOST_TEST(tie.text().starts_with("65534 KiB ~ 63.998 MiB (fused lost at 131068 KiB"),
              tie.text());
+}
+
+BOOST_AUTO_TEST_CASE(a_loss_within_noise_at_the_smallest_size_does_not_turn_fusion_off) {
+  // A field report: at margin 0, 2.8% lost at the smallest size made the cap
+  // `off`, and the tuned tables then left every larger size unfused where
+  // fused won by 1.4-1.7x.
+  const double fused[] = {10.28, 14, 18}, unfused[] = {10, 20, 30};
+  const auto data = parse_csv(two_option_csv(fused, unfused));
+  const Cap cap = fusion_cap(data->only_group(), 0);
+  BOOST_TEST((cap.kind == Cap::Kind::kBytes));
+  BOOST_TEST(cap.bytes == 1 * kMiB);
+  BOOST_TEST(cap.lost_at == 0u);
+  BOOST_TEST(cap.text() ==
+             "1 MiB (the largest compared size; kept where it lost at 256 KiB, as one cap fits "
+             "the wins around it better; nothing is known above)");
 }
 
 BOOST_AUTO_TEST_CASE(fused_losing_at_the_smallest_size_is_off) {

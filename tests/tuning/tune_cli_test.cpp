@@ -118,7 +118,7 @@ BOOST_AUTO_TEST_CASE(without_o_the_overlay_is_the_only_thing_on_stdout) {
   const std::string yaml = read_file(out);
   BOOST_TEST(yaml.starts_with("# Written by `arbiter tune`"), yaml);
   BOOST_TEST(contains(yaml, "max: 512KiB}"), yaml);
-  BOOST_TEST(contains(read_file(s.path("err")), "fusion cap:   512 KiB"));
+  BOOST_TEST(contains(read_file(s.path("err")), "fusion cap:   4 MiB (fused lost at 8 MiB"));
   BOOST_TEST(run_arbiter("validate " + shell_quote(out)).exit_code == 0);
 }
 

@@ -40,32 +40,66 @@ std::string ratio_text(double ratio) {
 
 using BestAt = std::function<std::optional<Group::Best>(std::uint64_t)>;
 
-// The largest compared size up to which `preferred` stays within the margin
-// of `other` at every compared size.
+// The cap that fits the measurements best: `preferred` at and below it,
+// `other` above, with the least summed regret over the compared sizes (each
+// size counts once; `preferred` counts margin_pct faster). Ties go to the
+// larger cap. So a loss within noise at one size does not end the cap when
+// `preferred` wins clearly above it, and a real crossover still does: the
+// first compared size above the cap is always one where `preferred` lost.
 Cap derive(const Group& group, double margin_pct, const std::string& preferred_name,
            const BestAt& preferred, const BestAt& other) {
   Cap cap;
   cap.preferred = preferred_name;
+  struct Compared {
+    std::uint64_t bytes;
+    Group::Best p, o;
+    bool lost;  // beyond the margin
+  };
+  std::vector<Compared> sizes;
   for (std::uint64_t bytes : group.sizes) {
     const std::optional<Group::Best> p = preferred(bytes), o = other(bytes);
     if (!p || !o) continue;
     cap.compared.push_back(bytes);
-    if (cap.lost_at != 0) continue;
     // In this form a margin of 18% compares 118 with 100 exactly.
-    if (p->latency_us * 100.0 <= o->latency_us * (100.0 + margin_pct)) {
-      cap.kind = Cap::Kind::kBytes;
-      cap.bytes = bytes;
-    } else {
-      cap.lost_at = bytes;
-      cap.lost_us = p->latency_us;
-      cap.winner_us = o->latency_us;
-      cap.winner = o->curve->option.label();
+    sizes.push_back({bytes, *p, *o, p->latency_us * 100.0 > o->latency_us * (100.0 + margin_pct)});
+  }
+  if (sizes.empty()) {
+    cap.why = "never measured at the same size as the option it is compared with";
+    return cap;
+  }
+  // The regret of each choice at one size, as a fraction of the better one.
+  const double scale = 100.0 / (100.0 + margin_pct);
+  auto regret = [&](const Compared& c, bool choose_preferred) {
+    const double p = c.p.latency_us * scale, o = c.o.latency_us;
+    return (choose_preferred ? p : o) / std::min(p, o) - 1.0;
+  };
+  // cost(n): the first n sizes run the preferred option, the rest the other.
+  double cost = 0;
+  for (const Compared& c : sizes) cost += regret(c, false);
+  double best_cost = cost;
+  std::size_t best_n = 0;
+  for (std::size_t n = 1; n <= sizes.size(); ++n) {
+    cost += regret(sizes[n - 1], true) - regret(sizes[n - 1], false);
+    if (cost <= best_cost + 1e-12) {
+      best_cost = std::min(best_cost, cost);
+      best_n = n;
     }
   }
-  if (cap.compared.empty()) {
-    cap.why = "never measured at the same size as the option it is compared with";
-  } else if (cap.lost_at == cap.compared.front()) {
+  for (std::size_t k = 0; k < best_n; ++k) {
+    if (sizes[k].lost) cap.lost_inside.push_back(sizes[k].bytes);
+  }
+  if (best_n < sizes.size()) {
+    const Compared& first_out = sizes[best_n];
+    cap.lost_at = first_out.bytes;
+    cap.lost_us = first_out.p.latency_us;
+    cap.winner_us = first_out.o.latency_us;
+    cap.winner = first_out.o.curve->option.label();
+  }
+  if (best_n == 0) {
     cap.kind = Cap::Kind::kOff;
+  } else {
+    cap.kind = Cap::Kind::kBytes;
+    cap.bytes = sizes[best_n - 1].bytes;
   }
   return cap;
 }
@@ -206,9 +240,18 @@ std::string Cap::text() const {
       break;
   }
   std::string s = detail::size_text(bytes);
+  // Losses the cap keeps: fewer than the wins they sit among.
+  const std::string inside =
+      lost_inside.empty() ? ""
+                          : "; kept where it lost at " + size_list(lost_inside) +
+                                ", as one cap fits the wins around " +
+                                (lost_inside.size() == 1 ? "it" : "them") + " better";
   if (lost_at != 0) {
     return s + " (" + preferred + " lost at " + detail::size_text(lost_at) + ": " +
-           us_text(lost_us) + " against " + us_text(winner_us) + " for " + winner + ")";
+           us_text(lost_us) + " against " + us_text(winner_us) + " for " + winner + inside + ")";
+  }
+  if (!lost_inside.empty()) {
+    return s + " (the largest compared size" + inside + "; nothing is known above)";
   }
   return s + " (" + preferred + " won at every compared size, " + size_list(compared) +
          "; nothing is known above)";

@@ -117,15 +117,18 @@ Grouping group_results(const std::vector<ResultsFile>& files);
 struct Cap {
   enum class Kind {
     kBytes,  // `bytes` is the cap
-    kOff,    // the second option lost at the smallest compared size
+    kOff,    // the preferred option is best left out at every compared size
     kNone,   // nothing to compare: `why` says what is missing
   };
   Kind kind = Kind::kNone;
   std::uint64_t bytes = 0;
-  // The compared sizes, ascending, and the first where the preferred option
-  // lost (0: it never lost).
+  // The compared sizes, ascending; the first above the cap, where the
+  // preferred option lost (0: the cap is the largest compared size); and
+  // sizes at or below the cap where it lost too, kept because the cap fits
+  // the wins around them better.
   std::vector<std::uint64_t> compared;
   std::uint64_t lost_at = 0;
+  std::vector<std::uint64_t> lost_inside;
   double lost_us = 0, winner_us = 0;  // at lost_at: the loser's and winner's latency
   std::string winner;                 // at lost_at: the option that won
   std::string preferred;              // "fused" or "one-shot"
