@@ -38,7 +38,7 @@ const std::string kRank = ARBITER_BOOTSTRAP_RANK_BIN;
 // A clean environment: nothing of the caller's bootstrap settings leaks in.
 std::string clean_env(const std::string& env) {
   return "env -u ARBITER_BOOTSTRAP_TIMEOUT -u ARBITER_BOOTSTRAP_PORT -u ARBITER_JOB_TOKEN "
-         "-u UCX_TLS -u UCX_NET_DEVICES " +
+         "-u UCX_TLS -u UCX_NET_DEVICES -u UCX_TCP_CM_REUSEADDR " +
          env + " ";
 }
 
@@ -287,6 +287,34 @@ BOOST_AUTO_TEST_CASE(a_busy_port_is_named) {
   BOOST_TEST(contains(run.result.output, "arbiter launch: rank 0 exited with code 1"),
              run.result.output);
   BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s");
+}
+
+BOOST_AUTO_TEST_CASE(a_port_an_earlier_run_left_in_time_wait_is_reused_or_named) {
+  // A job restarted on a fixed port within a minute: the first run's
+  // connections hold the port in TIME_WAIT. Rank 0 used to say "another
+  // program holds it" at once, while rank 1 waited out its timeout.
+  const std::string port = std::to_string(arbiter::free_bootstrap_port());
+  const std::string args = "--nproc 2 --timeout 60 --bootstrap-port " + port;
+  expect_all_ok(launch(args, "--iterations 1", "ARBITER_BOOTSTRAP_TIMEOUT=20"), 2);
+  // Rank 0 listens with SO_REUSEADDR (UCX_TCP_CM_REUSEADDR) by default.
+  const Run again = launch(args, "--iterations 1", "ARBITER_BOOTSTRAP_TIMEOUT=20");
+  expect_all_ok(again, 2);
+  BOOST_TEST(!contains(again.result.output, "TIME_WAIT"), again.result.output);
+  BOOST_TEST(again.seconds < 10, "took " << again.seconds << " s");
+  // With reuse turned off, rank 0 waits for the kernel, says so, and at its
+  // deadline says what holds the port and how to reuse it.
+  const Run held =
+      launch(args, "--iterations 1", "UCX_TCP_CM_REUSEADDR=n ARBITER_BOOTSTRAP_TIMEOUT=3");
+  const std::string& out = held.result.output;
+  BOOST_TEST(held.result.exit_code == 1, out);
+  BOOST_TEST(contains(out, "rank 0: port " + port +
+                               " is held by connections of an earlier run in TIME_WAIT (no "
+                               "program listens there); waiting"),
+             out);
+  BOOST_TEST(contains(out, "is still held by connections of an earlier run in TIME_WAIT"), out);
+  BOOST_TEST(contains(out, "hint: leave UCX_TCP_CM_REUSEADDR unset"), out);
+  BOOST_TEST(!contains(out, "another job or program holds it"), out);
+  BOOST_TEST(held.seconds < 10, "took " << held.seconds << " s");
 }
 
 BOOST_AUTO_TEST_CASE(launch_timeout_stops_ranks_hung_in_the_bootstrap) {

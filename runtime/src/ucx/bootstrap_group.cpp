@@ -3,9 +3,13 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -25,6 +29,8 @@ constexpr auto kLeaveWait = std::chrono::seconds(2);
 constexpr auto kRefusedLinger = std::chrono::seconds(1);
 // How long a failing rank 0 spends telling the others why.
 constexpr auto kNotifyWait = std::chrono::milliseconds(300);
+// How often rank 0 looks whether a port in TIME_WAIT is free again.
+constexpr auto kTimeWaitPoll = std::chrono::milliseconds(250);
 
 enum Kind : std::uint8_t {
   kHello = 1,
@@ -129,6 +135,36 @@ Payload make_payload(const void* data, std::size_t bytes) {
 
 Payload text_payload(const std::string& text) { return make_payload(text.data(), text.size()); }
 
+// Whether a program listens on `address` (a TCP connect within 200 ms).
+// Unsure (no answer in time, another error): yes.
+bool someone_listens(const sockaddr_storage& address, socklen_t length) {
+  const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  int error = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0) {
+    error = errno;
+    if (error == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      socklen_t size = sizeof error;
+      error = ::poll(&p, 1, 200) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0
+                  ? error
+                  : ETIMEDOUT;
+    }
+  }
+  ::close(fd);
+  return error != ECONNREFUSED;
+}
+
+// Whether `address` can be bound now (no SO_REUSEADDR, as UCX binds it).
+int bind_error(const sockaddr_storage& address, socklen_t length) {
+  const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  const int error =
+      ::bind(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0 ? 0 : errno;
+  ::close(fd);
+  return error;
+}
+
 }  // namespace
 
 struct StarGroup::Conn {
@@ -187,7 +223,7 @@ std::unique_ptr<StarGroup> StarGroup::join(const BootstrapOptions& options) {
 
   group->init_ucx();
   if (options.rank == 0) {
-    group->listen();
+    group->listen(deadline);
     group->join_as_server(deadline);
   } else {
     group->join_as_client(deadline);
@@ -221,7 +257,20 @@ void StarGroup::init_ucx() {
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  status = ucp_worker_create(context_, &worker_params, &worker_);
+  {
+    // Rank 0's listening port may be reused while connections of an earlier
+    // run sit in TIME_WAIT (a fixed ARBITER_BOOTSTRAP_PORT, a job restarted
+    // within a minute), and its own connections leave TIME_WAIT entries that
+    // the next run may reuse (both sides need SO_REUSEADDR). A port another
+    // program listens on still fails. UCX reads this only from the
+    // environment, when the worker opens its connection managers; the
+    // user's own setting wins, and the variable is gone again afterwards.
+    const bool reuse = options_.rank == 0 && std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr &&
+                       std::getenv("UCX_CM_REUSEADDR") == nullptr;
+    if (reuse) ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+    status = ucp_worker_create(context_, &worker_params, &worker_);
+    if (reuse) ::unsetenv("UCX_TCP_CM_REUSEADDR");
+  }
   if (status != UCS_OK) fail("cannot create a UCX worker", status);
   if (params.features & UCP_FEATURE_WAKEUP) {
     if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
@@ -238,16 +287,56 @@ void StarGroup::init_ucx() {
   if (status != UCS_OK) fail("cannot register the active-message handler", status);
 }
 
-void StarGroup::listen() {
+// A port that nobody listens on but cannot be bound is held by connections
+// of an earlier run in TIME_WAIT (a fixed ARBITER_BOOTSTRAP_PORT, a job
+// restarted within a minute): the kernel frees it within 60 s. Rank 0 waits
+// for that, up to `deadline`, instead of failing while its peers wait out
+// their timeout. True when it is still held that way at the deadline; false
+// when it is free, or a program listens there.
+bool StarGroup::wait_out_time_wait(Clock::time_point deadline) {
+  bool told = false;
+  for (;;) {
+    if (bind_error(master_addr_, master_addr_len_) != EADDRINUSE) return false;
+    if (someone_listens(master_addr_, master_addr_len_)) return false;
+    if (Clock::now() + kTimeWaitPoll >= deadline) return true;
+    if (!told) {
+      log("rank 0: port " + std::to_string(options_.master_port) +
+          " is held by connections of an earlier run in TIME_WAIT (no program listens "
+          "there); waiting for the kernel to free it, at most 60 s");
+      told = true;
+    }
+    std::this_thread::sleep_for(kTimeWaitPoll);
+  }
+}
+
+void StarGroup::listen(Clock::time_point deadline) {
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
   params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&master_addr_);
   params.sockaddr.addrlen = master_addr_len_;
   params.conn_handler.cb = &StarGroup::on_conn_request;
   params.conn_handler.arg = this;
-  const ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
+  ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
+  bool time_wait = false;
+  if (status == UCS_ERR_BUSY) {
+    // Without UCX_TCP_CM_REUSEADDR: maybe only TIME_WAIT holds it.
+    time_wait = wait_out_time_wait(deadline - margin(options_.timeout));
+    if (!time_wait) status = ucp_listener_create(worker_, &params, &listener_);
+  }
   if (status == UCS_OK) return;
   listener_ = nullptr;
+  if (status == UCS_ERR_BUSY && time_wait) {
+    throw BootstrapError(ARBITER_UNAVAILABLE,
+                         "bootstrap: rank 0 cannot listen on " + master() + ": port " +
+                             std::to_string(options_.master_port) +
+                             " is still held by connections of an earlier run in TIME_WAIT "
+                             "(no program listens there; the kernel frees it within 60 s of "
+                             "that run) and the join's timeout of " +
+                             duration_text(options_.timeout) +
+                             " passed first (hint: leave UCX_TCP_CM_REUSEADDR unset, or set it "
+                             "to y, on rank 0 for every run, so that such a port is reused at "
+                             "once; or wait a minute)");
+  }
   if (status == UCS_ERR_BUSY) {
     throw BootstrapError(
         ARBITER_UNAVAILABLE,

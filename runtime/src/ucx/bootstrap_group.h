@@ -61,7 +61,8 @@ class StarGroup {
   struct Outbound;
   explicit StarGroup(const BootstrapOptions& options);
   void init_ucx();
-  void listen();
+  void listen(Clock::time_point deadline);
+  bool wait_out_time_wait(Clock::time_point deadline);
   void join_as_server(Clock::time_point deadline);
   void join_as_client(Clock::time_point deadline);
   bool try_connect(Clock::time_point deadline, std::string* last_error);
