@@ -14,6 +14,7 @@
 #include <optional>
 #include <string_view>
 
+#include "arbiter/common/call_checks.h"
 #include "arbiter/common/call_signature.h"
 #include "arbiter/common/fault_injection.h"
 #include "arbiter/common/token_slice.h"
@@ -1172,6 +1173,18 @@ Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& 
     // policy takes its next choice (refusal() says why, if none is left).
     std::uint32_t excluded = without_residual(args) ? residual_required : 0;
     std::array<std::string, kBackendCount> declined;  // empty unless one declines
+    // A value that names no pattern or dtype is the caller's bug, not a
+    // shape that no backend runs here.
+    if (const std::int64_t p = common::raw_enum(args.pattern); p < 0 || p >= kPatternCount) {
+      result.status = ARBITER_INVALID_ARGUMENT;
+      result.error = refusal(args, excluded, declined);
+      return result;
+    }
+    if (const std::int64_t dtype = common::raw_enum(args.dtype); !common::is_valid_dtype(dtype)) {
+      result.status = ARBITER_INVALID_ARGUMENT;
+      result.error = "unknown dtype " + std::to_string(dtype) + " (0 fp16, 1 bf16, 2 fp32)";
+      return result;
+    }
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
       const Decision d = decide(args, excluded);
       result.decision = d;

@@ -195,7 +195,9 @@ int32_t arbiter_comm_get_footprint(const arbiter_comm* comm, int32_t backend,
  * residual_in may be NULL for the norm patterns (a first block, no residual:
  * residual_out, if given, gets the sum); the call then skips the backends
  * whose module lacks ARBITER_CAPS_RESIDUAL_OPTIONAL, and if none is left it
- * fails with ARBITER_UNSUPPORTED naming them. */
+ * fails with ARBITER_UNSUPPORTED naming them. A pattern or dtype value that
+ * names none is ARBITER_INVALID_ARGUMENT; a known one that no backend runs
+ * here is ARBITER_UNSUPPORTED. */
 int32_t arbiter_comm_allreduce_fusion(arbiter_comm* comm, const arbiter_allreduce_args* args,
                                       void* stream, arbiter_decision* used);
 /* A call refused on one rank is still a call: on CPU ranks (shm)

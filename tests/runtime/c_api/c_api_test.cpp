@@ -281,9 +281,10 @@ BOOST_AUTO_TEST_CASE(comm_from_environment_refuses_what_it_cannot_use) {
   o.capability = 90;
   o.device = -1;
   BOOST_TEST(arbiter_comm_create_from_environment(p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
-  BOOST_TEST(std::string(arbiter_last_error()).find("needs its CUDA device: LOCAL_RANK is not set") !=
-                 std::string::npos,
-             arbiter_last_error());
+  BOOST_TEST(
+      std::string(arbiter_last_error()).find("needs its CUDA device: LOCAL_RANK is not set") !=
+          std::string::npos,
+      arbiter_last_error());
   BOOST_TEST(comm == nullptr);
 
   arbiter_comm_info info{};
@@ -395,6 +396,16 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   BOOST_TEST(
       e.find("no backend can run this residual_rmsnorm_fp4 (NVFP4) call") != std::string::npos, e);
   BOOST_TEST(e.find("shm: does not run residual_rmsnorm_fp4") != std::string::npos, e);
+  // A value that names no pattern is the caller's bug, as an unknown dtype.
+  a.pattern = static_cast<arbiter_pattern>(9);
+  BOOST_TEST(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("unknown pattern 9") != std::string::npos,
+             arbiter_last_error());
+  a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+  a.dtype = static_cast<arbiter_dtype>(9);
+  BOOST_TEST(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()) == "unknown dtype 9 (0 fp16, 1 bf16, 2 fp32)");
+  a.dtype = ARBITER_DTYPE_FP32;
 
   // A mask bit that names no pattern is the caller's bug.
   arbiter_comm_destroy(comm);
