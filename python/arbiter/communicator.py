@@ -22,7 +22,7 @@ import operator
 import sys
 import threading
 
-from . import _array_call, _library
+from . import _array_call, _interrupt, _library
 from ._results import FusionResult, WorkspaceFootprint, nvfp4_scale_bytes, stream_handle
 from .errors import ArbiterError, Status
 from .errors import invalid_argument as _invalid
@@ -303,6 +303,7 @@ class Communicator:
         self._scale_value = ctypes.c_float()
         self._scale_address = ctypes.addressof(self._scale_value)
         self._fusion_call = _library.fusion_call(lib)
+        _interrupt.install()  # Ctrl-C ends a call that waits on its peers
         if "torch" in sys.modules:
             self._enable_torch()
 

@@ -11,6 +11,9 @@ Scenarios:
             new communicator over their own group (a caller oob) and run it
   abort     rank 0 aborts from a thread 0.3 s into a call the last rank joins
             1.5 s late
+  interrupt rank 0 gets SIGINT (Ctrl-C) 0.3 s into a call the last rank joins
+            3 s late: KeyboardInterrupt at once, and the last rank's call
+            fails naming rank 0
   mismatch  calls that differ on the last rank (tokens, eps, residual given on
             one rank only, an output given on one rank only), each followed by
             a matching call
@@ -115,6 +118,32 @@ def scenario_abort(outdir: str, rank: int, size: int, record: dict) -> None:
     record["returned_at"] = time.monotonic()
     record["next"] = failure(lambda: call(comm, rank, 11))
     comm.abort()  # harmless again, and on every rank
+    started = time.monotonic()
+    comm.close()
+    record["close_seconds"] = time.monotonic() - started
+
+
+def scenario_interrupt(outdir: str, rank: int, size: int, record: dict) -> None:
+    comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", max_tokens=64,
+                                                 timeout=20)
+    for n in range(10):
+        call(comm, rank, n)
+    if rank == size - 1:
+        time.sleep(3)
+    if rank == 0:
+        def interrupt():
+            record["signal_at"] = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Timer(0.3, interrupt).start()
+        try:
+            call(comm, rank, 10)
+            record["interrupted"] = "the call returned"
+        except KeyboardInterrupt:
+            record["interrupted"] = "KeyboardInterrupt"
+        record["returned_at"] = time.monotonic()
+    else:
+        record["failed"] = failure(lambda: call(comm, rank, 10))
     started = time.monotonic()
     comm.close()
     record["close_seconds"] = time.monotonic() - started

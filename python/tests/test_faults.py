@@ -87,8 +87,8 @@ def start(tmp_path, nproc: int, scenario: str) -> list[dict]:
     records = []
     for r in range(nproc):
         path = tmp_path / f"rank{r}.json"
-        records.append(json.loads(path.read_text()) if path.exists() else
-                       {"missing": outputs[r], "returncode": ranks[r].returncode})
+        records.append(dict(json.loads(path.read_text()), output=outputs[r]) if path.exists()
+                       else {"missing": outputs[r], "returncode": ranks[r].returncode})
     return records
 
 
@@ -124,6 +124,24 @@ def test_abort_from_another_thread_returns_the_call_and_its_peers(tmp_path):
     for rec in records:
         assert rec["next"]["status"] != 0 and rec["next"]["seconds"] < 0.05, rec
         assert rec["close_seconds"] < 0.5, rec
+    assert shm_objects() <= before
+
+
+def test_ctrl_c_during_a_waiting_call_raises_keyboard_interrupt_at_once(tmp_path):
+    # Python raises KeyboardInterrupt only between bytecodes: the call used to
+    # wait for the late rank (3 s here; its deadline when a peer hangs).
+    before = shm_objects()
+    records = start(tmp_path, 2, "interrupt")
+    for rec in records:
+        assert "exception" not in rec, rec
+    r0, r1 = records
+    assert r0["interrupted"] == "KeyboardInterrupt", r0
+    assert r0["returned_at"] - r0["signal_at"] <= 0.5, r0
+    assert "arbiter: Ctrl-C while rank 0's call waited on its peers" in r0["output"], r0
+    assert r1["failed"]["status"] == Status.PEER_FAILED, r1
+    assert "rank 0 aborted" in r1["failed"]["message"], r1
+    assert r1["failed"]["seconds"] < 0.5, r1
+    assert r0["close_seconds"] < 0.5 and r1["close_seconds"] < 0.5, records
     assert shm_objects() <= before
 
 
