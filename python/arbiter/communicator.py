@@ -176,8 +176,10 @@ class Communicator:
         from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
         MASTER_PORT), as `arbiter launch` and torchrun set them. GPU ranks
         use CUDA device `device`, by default LOCAL_RANK (CPU ranks need
-        no LOCAL_RANK). `patterns` as for
-        the constructor."""
+        no LOCAL_RANK). Rank 0 listens on ARBITER_BOOTSTRAP_PORT, else
+        MASTER_PORT, until the process exits: a torch.distributed store
+        needs the other port (`arbiter launch` sets both; under torchrun set
+        ARBITER_BOOTSTRAP_PORT). `patterns` as for the constructor."""
         self = cls.__new__(cls)
         self._setup(hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,
                     multicast, device, patterns)

@@ -358,21 +358,24 @@ int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
     if (!valid_options(*options)) return int32_t{ARBITER_INVALID_ARGUMENT};
     arbiter::CommunicatorOptions o = to_options(*options);
     auto comm = std::make_unique<arbiter_comm>();
+    const std::chrono::milliseconds timeout =
+        options->timeout_ms > 0 ? std::chrono::milliseconds(options->timeout_ms)
+                                : std::chrono::milliseconds(std::chrono::seconds(60));
     try {
-      comm->bootstrap = process_group(options->timeout_ms > 0
-                                          ? std::chrono::milliseconds(options->timeout_ms)
-                                          : std::chrono::milliseconds(std::chrono::seconds(60)));
+      // Before joining: a rank that cannot create would hold its peers in
+      // the creation's first exchange until their timeout.
+      if (!o.capability.is_cpu() && o.device < 0) {
+        o.device = arbiter::bootstrap_options_from_environment(timeout).local_rank;
+        if (o.device < 0) {
+          return fail(ARBITER_INVALID_ARGUMENT,
+                      "a GPU rank (capability " + std::to_string(options->capability) +
+                          ") needs its CUDA device: LOCAL_RANK is not set (torchrun and "
+                          "`arbiter launch` set it; or pass options.device)");
+        }
+      }
+      comm->bootstrap = process_group(timeout);
     } catch (const arbiter::BootstrapError& e) {
       return fail(e.code(), e.what());
-    }
-    if (!o.capability.is_cpu() && o.device < 0) {
-      o.device = comm->bootstrap->local_rank();
-      if (o.device < 0) {
-        return fail(ARBITER_INVALID_ARGUMENT,
-                    "a GPU rank (capability " + std::to_string(options->capability) +
-                        ") needs its CUDA device: LOCAL_RANK is not set (torchrun and `arbiter "
-                        "launch` set it; or pass options.device)");
-      }
     }
     return create_into(comm, *comm->bootstrap->oob(), *policy, o, out);
   });

@@ -43,9 +43,9 @@ using BestAt = std::function<std::optional<Group::Best>(std::uint64_t)>;
 // The cap that fits the measurements best: `preferred` at and below it,
 // `other` above, with the least summed regret over the compared sizes (each
 // size counts once; `preferred` counts margin_pct faster). Ties go to the
-// larger cap. So a loss within noise at one size does not end the cap when
-// `preferred` wins clearly above it, and a real crossover still does: the
-// first compared size above the cap is always one where `preferred` lost.
+// larger cap. So a loss at one size does not end the cap when `preferred`
+// gains more above it (the report names such sizes), and the first compared
+// size above the cap is always one where `preferred` lost.
 Cap derive(const Group& group, double margin_pct, const std::string& preferred_name,
            const BestAt& preferred, const BestAt& other) {
   Cap cap;
@@ -240,12 +240,12 @@ std::string Cap::text() const {
       break;
   }
   std::string s = detail::size_text(bytes);
-  // Losses the cap keeps: fewer than the wins they sit among.
-  const std::string inside =
-      lost_inside.empty() ? ""
-                          : "; kept where it lost at " + size_list(lost_inside) +
-                                ", as one cap fits the wins around " +
-                                (lost_inside.size() == 1 ? "it" : "them") + " better";
+  // Losses the cap keeps: they cost less than the wins above them gain.
+  const std::string inside = lost_inside.empty()
+                                 ? ""
+                                 : "; kept where it lost at " + size_list(lost_inside) +
+                                       ", as one cap fits the wins around " +
+                                       (lost_inside.size() == 1 ? "it" : "them") + " better";
   if (lost_at != 0) {
     return s + " (" + preferred + " lost at " + detail::size_text(lost_at) + ": " +
            us_text(lost_us) + " against " + us_text(winner_us) + " for " + winner + inside + ")";

@@ -293,8 +293,8 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     if (off != nullptr) {  // every other split is a measured size, never 0
       overlay.notes.push_back(std::string(backend) +
                               ": no oneshot_max_total: " + off->key.to_string() +
-                              ": two-shot won from the smallest compared size (a threshold "
-                              "cannot say off)");
+                              ": its split is off, two-shot at every compared size (a "
+                              "threshold cannot say off)");
       continue;
     }
     overlay.thresholds.push_back(std::move(t));
@@ -307,10 +307,10 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "# check it with `arbiter validate FILE`; load it with --config FILE or\n";
   y += "# ARBITER_CONFIG=FILE. It sets only the cells that were measured.\n";
   y += "#\n";
-  y += "# Every cap is a measured size, never interpolated: the largest size such that at\n";
-  y += "# it and at every smaller measured size the best fused option (fusion) or trtllm\n";
-  y += "# one-shot (oneshot) was at most " + margin +
-       " slower than the best unfused option (two-shot).\n";
+  y += "# Every cap is a measured size, never interpolated: the one that fits the\n";
+  y += "# measurements best as a single cap (the least regret summed over the measured\n";
+  y += "# sizes) for the best fused option (fusion) or trtllm one-shot (oneshot) against\n";
+  y += "# the best unfused option (two-shot), counting the former " + margin + " faster.\n";
   y += "# A backend's oneshot_max_total is the smallest one-shot split x world size over\n";
   y += "# the groups that measured its one-shot and two-shot.\n";
   y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";
@@ -342,8 +342,8 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "  tool: " +
        yaml_quoted(options.tool.empty() ? "arbiter tune " ARBITER_VERSION : options.tool) + "\n";
   y += "  notes: " +
-       yaml_quoted("margin " + margin + ": fused (one-shot) kept while at most " + margin +
-                   " slower than unfused (two-shot)" + tuned) +
+       yaml_quoted("margin " + margin + ": fused (one-shot) counted " + margin +
+                   " faster than measured against unfused (two-shot)" + tuned) +
        "\n";
   // Provenance keys of the table format, and the results comments that feed them.
   const std::vector<std::pair<std::string, std::vector<std::string_view>>> extra = {

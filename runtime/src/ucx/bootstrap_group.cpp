@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 namespace arbiter::bootstrap {
@@ -155,6 +156,30 @@ bool someone_listens(const sockaddr_storage& address, socklen_t length) {
   return error != ECONNREFUSED;
 }
 
+// Whether the kernel lists a connection in TIME_WAIT whose local port is
+// `port` (/proc/net/tcp and tcp6: state 06). Unreadable: no.
+bool port_in_time_wait(std::uint16_t port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::FILE* f = std::fopen(table, "r");
+    if (f == nullptr) continue;
+    char line[512];
+    bool found = false;
+    if (std::fgets(line, sizeof line, f) != nullptr) {  // the header
+      while (!found && std::fgets(line, sizeof line, f) != nullptr) {
+        // "  12: 0100007F:6E2A 0100007F:A1B2 06 ...": local address:port, remote, state.
+        char local[80], remote[80];
+        unsigned state = 0;
+        if (std::sscanf(line, " %*[^:]: %79s %79s %x", local, remote, &state) != 3) continue;
+        const char* colon = std::strrchr(local, ':');
+        found = colon != nullptr && state == 0x06 && std::strtoul(colon + 1, nullptr, 16) == port;
+      }
+    }
+    std::fclose(f);
+    if (found) return true;
+  }
+  return false;
+}
+
 // Whether `address` can be bound now (no SO_REUSEADDR, as UCX binds it).
 int bind_error(const sockaddr_storage& address, socklen_t length) {
   const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -257,20 +282,25 @@ void StarGroup::init_ucx() {
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  {
-    // Rank 0's listening port may be reused while connections of an earlier
-    // run sit in TIME_WAIT (a fixed ARBITER_BOOTSTRAP_PORT, a job restarted
-    // within a minute), and its own connections leave TIME_WAIT entries that
-    // the next run may reuse (both sides need SO_REUSEADDR). A port another
-    // program listens on still fails. UCX reads this only from the
-    // environment, when the worker opens its connection managers; the
-    // user's own setting wins, and the variable is gone again afterwards.
-    const bool reuse = options_.rank == 0 && std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr &&
-                       std::getenv("UCX_CM_REUSEADDR") == nullptr;
-    if (reuse) ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    status = ucp_worker_create(context_, &worker_params, &worker_);
-    if (reuse) ::unsetenv("UCX_TCP_CM_REUSEADDR");
+  // Rank 0's listening port may be reused while connections of an earlier
+  // run sit in TIME_WAIT (a fixed ARBITER_BOOTSTRAP_PORT, a job restarted
+  // within a minute), and its own connections leave TIME_WAIT entries that
+  // the next run may reuse (both sides need SO_REUSEADDR). A port another
+  // program listens on still fails. UCX 1.13 reads this only from the
+  // environment (ucp_config_modify does not reach its connection managers),
+  // when the worker opens them: set once per process, before the first
+  // worker, and left set (unsetting it could race a getenv() in another
+  // thread as much as setting it). The user's own setting wins.
+  if (options_.rank == 0) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      if (std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr &&
+          std::getenv("UCX_CM_REUSEADDR") == nullptr) {
+        ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+      }
+    });
   }
+  status = ucp_worker_create(context_, &worker_params, &worker_);
   if (status != UCS_OK) fail("cannot create a UCX worker", status);
   if (params.features & UCP_FEATURE_WAKEUP) {
     if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
@@ -287,9 +317,10 @@ void StarGroup::init_ucx() {
   if (status != UCS_OK) fail("cannot register the active-message handler", status);
 }
 
-// A port that nobody listens on but cannot be bound is held by connections
-// of an earlier run in TIME_WAIT (a fixed ARBITER_BOOTSTRAP_PORT, a job
-// restarted within a minute): the kernel frees it within 60 s. Rank 0 waits
+// A port that cannot be bound, that nobody listens on, and that the kernel
+// lists in TIME_WAIT is held by connections of an earlier run (a fixed
+// ARBITER_BOOTSTRAP_PORT, a job restarted within a minute) that did not use
+// SO_REUSEADDR: the kernel frees it within 60 s. Rank 0 waits
 // for that, up to `deadline`, instead of failing while its peers wait out
 // their timeout. True when it is still held that way at the deadline; false
 // when it is free, or a program listens there.
@@ -297,6 +328,9 @@ bool StarGroup::wait_out_time_wait(Clock::time_point deadline) {
   bool told = false;
   for (;;) {
     if (bind_error(master_addr_, master_addr_len_) != EADDRINUSE) return false;
+    // Something else (a listener, a socket bound or connected from this
+    // port) is not going away by waiting.
+    if (!port_in_time_wait(options_.master_port)) return false;
     if (someone_listens(master_addr_, master_addr_len_)) return false;
     if (Clock::now() + kTimeWaitPoll >= deadline) return true;
     if (!told) {
@@ -359,9 +393,17 @@ StarGroup::~StarGroup() {
     if (listener_ != nullptr) {
       // Requests still queued become endpoints, closed at once: a rejected
       // one crashes UCX's TCP connection manager when the client answers
-      // (openucx/ucx#11235; Debian 12's UCX 1.13 has it).
-      accept_pending();
-      for (auto& conn : conns_) close(conn.get(), true);
+      // (openucx/ucx#11235; Debian 12's UCX 1.13 has it). Destroying the
+      // listener rejects what UCX holds undelivered, so first progress until
+      // nothing new arrives for a moment; a connection that starts in the
+      // microseconds after that still meets the reject.
+      const Clock::time_point until = Clock::now() + kLeaveWait;
+      std::size_t seen = conns_.size() + 1;
+      while (seen != conns_.size() && Clock::now() < until) {
+        seen = conns_.size();
+        wait_until([] { return false; }, Clock::now() + std::chrono::milliseconds(10));
+        for (auto& conn : conns_) close(conn.get(), true);
+      }
       ucp_listener_destroy(listener_);
       listener_ = nullptr;
     }

@@ -1,8 +1,9 @@
 // The UCX star behind arbiter::Bootstrap (private).
 //
-// Rank 0 owns a ucp_listener, for the life of the group (late or stray
-// connections are refused, never left to UCX's reject path); every other
-// rank holds one endpoint to rank 0.
+// Rank 0 owns a ucp_listener for the life of the group: connections that
+// come late or stray in are refused whenever rank 0 progresses (in a
+// collective), never passed to ucp_listener_reject; every other rank holds
+// one endpoint to rank 0.
 // All traffic is active messages (one id) whose header is a WireHeader; the
 // receiver finds the sending connection through the reply endpoint.
 //

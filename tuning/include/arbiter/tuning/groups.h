@@ -117,7 +117,7 @@ Grouping group_results(const std::vector<ResultsFile>& files);
 struct Cap {
   enum class Kind {
     kBytes,  // `bytes` is the cap
-    kOff,    // the preferred option is best left out at every compared size
+    kOff,    // the best single cap is below the smallest compared size
     kNone,   // nothing to compare: `why` says what is missing
   };
   Kind kind = Kind::kNone;
