@@ -626,9 +626,8 @@ int cmd_launch(const Args& args) {
     }
     std::cerr << "arbiter launch: ranks pinned to CPUs (rank:cpu) " << text << "\n";
   }
-  // Two ports unless both are given: arbiter's rank 0 listens on its own for
-  // as long as its group lives, and a torch.distributed store on MASTER_PORT
-  // must still be able to listen there, before or after it.
+  // Two ports: a torch.distributed store on MASTER_PORT may listen while
+  // arbiter's rank 0 joins its group (torch first, or both at once).
   if (port == 0) {
     do port = free_bootstrap_port();
     while (port == bootstrap_port);
@@ -636,6 +635,14 @@ int cmd_launch(const Args& args) {
   if (bootstrap_port == 0) {
     do bootstrap_port = free_bootstrap_port();
     while (bootstrap_port == port);
+  }
+  if (bootstrap_port == port) {
+    throw UsageError{
+        "arbiter's bootstrap port (" +
+        std::string(vm.count("bootstrap-port") ? "--bootstrap-port" : "ARBITER_BOOTSTRAP_PORT") +
+        ") and MASTER_PORT (--port) are both " + std::to_string(port) +
+        ": torch.distributed's store and arbiter's rank 0 would both listen there; "
+        "give them different ports"};
   }
   return Launcher(nproc, std::move(program), timeout, grace, port, bootstrap_port, std::move(cpus))
       .run();

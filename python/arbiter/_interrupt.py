@@ -10,10 +10,11 @@ itself), the watcher aborts that call's communicator: the call returns
 ABORTED, KeyboardInterrupt follows at once, and the peers learn that this
 rank aborted, as after abort().
 
-Installed on the first communicator made in the main thread, and only where
-SIGINT raises KeyboardInterrupt (Python's default handler) and no wakeup fd
-is set already (asyncio's event loop sets one; then Ctrl-C waits for the
-deadline as before). Nothing runs on the call path.
+Installed on the first communicator made in the main thread, where no
+wakeup fd is set already (asyncio's event loop sets one; then Ctrl-C waits
+for the deadline as before). It acts only while SIGINT raises
+KeyboardInterrupt (Python's default handler), and only on a call that was
+already waiting when the signal came. Nothing runs on the call path.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ def install() -> None:
     global _installed
     with _install_lock:
         if _installed or threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
@@ -67,10 +66,20 @@ def _watch(read_fd: int) -> None:
             return
         if not signals:
             return
-        if signal.SIGINT not in signals:
+        # Only where SIGINT still raises KeyboardInterrupt: a handler set
+        # since (a graceful shutdown, asyncio's) decides for itself.
+        if signal.SIGINT not in signals or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            continue
+        # The call the main thread is in now; aborted only if it is the same
+        # call after the grace (not one made after a KeyboardInterrupt the
+        # program caught).
+        before = _call_frame(main)
+        if before is None:
             continue
         time.sleep(GRACE_SECONDS)
-        comm = _waiting_communicator(main)
+        comm = _waiting_communicator(main, before)
+        del before
         if comm is None:
             continue
         print(f"arbiter: Ctrl-C while rank {comm.rank}'s call waited on its peers: aborting "
@@ -82,12 +91,21 @@ def _watch(read_fd: int) -> None:
             pass
 
 
-def _waiting_communicator(main: threading.Thread):
-    """The communicator whose call the main thread is in, if it is in one."""
-    from .communicator import Communicator
-
+def _call_frame(main: threading.Thread):
+    """The main thread's innermost frame when it is arbiter's, else None."""
     frame = sys._current_frames().get(main.ident)
     if frame is None or not frame.f_globals.get("__name__", "").startswith("arbiter"):
+        return None
+    return frame
+
+
+def _waiting_communicator(main: threading.Thread, before):
+    """The communicator whose call the main thread is still in: the same
+    frame as `before` (held, so no new frame can take its place)."""
+    from .communicator import Communicator
+
+    frame = _call_frame(main)
+    if frame is not before:
         return None
     local = frame.f_locals
     for name in ("comm", "self"):

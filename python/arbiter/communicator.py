@@ -177,8 +177,8 @@ class Communicator:
         MASTER_PORT), as `arbiter launch` and torchrun set them. GPU ranks
         use CUDA device `device`, by default LOCAL_RANK (CPU ranks need
         no LOCAL_RANK). Rank 0 listens on ARBITER_BOOTSTRAP_PORT, else
-        MASTER_PORT, until the process exits: a torch.distributed store
-        needs the other port (`arbiter launch` sets both; under torchrun set
+        MASTER_PORT, until every rank joined (`arbiter launch` sets both;
+        under torchrun, whose store holds MASTER_PORT, set
         ARBITER_BOOTSTRAP_PORT). `patterns` as for the constructor."""
         self = cls.__new__(cls)
         self._setup(hidden, dtype, max_tokens, timeout, capability, nodes, nvlink_domain,

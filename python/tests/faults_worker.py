@@ -11,9 +11,10 @@ Scenarios:
             new communicator over their own group (a caller oob) and run it
   abort     rank 0 aborts from a thread 0.3 s into a call the last rank joins
             1.5 s late
-  interrupt rank 0 gets SIGINT (Ctrl-C) 0.3 s into a call the last rank joins
-            3 s late: KeyboardInterrupt at once, and the last rank's call
-            fails naming rank 0
+  interrupt rank 0 gets SIGINT (Ctrl-C): with a handler of its own during a
+            call (left alone); between calls, caught (the next call works);
+            0.3 s into a call the last rank joins 3 s late (KeyboardInterrupt
+            at once, and the last rank's call fails naming rank 0)
   mismatch  calls that differ on the last rank (tokens, eps, residual given on
             one rank only, an output given on one rank only), each followed by
             a matching call
@@ -128,22 +129,46 @@ def scenario_interrupt(outdir: str, rank: int, size: int, record: dict) -> None:
                                                  timeout=20)
     for n in range(10):
         call(comm, rank, n)
+    sigint = lambda: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
+    # 1. A handler of the program's own: it decides; the call is left alone.
+    if rank == 0:
+        handled = []
+        previous = signal.signal(signal.SIGINT, lambda *_: handled.append(1))
+        threading.Timer(0.3, sigint).start()
+        record["handler"] = failure(lambda: call(comm, rank, 10))
+        record["handler_ran"] = bool(handled)
+        signal.signal(signal.SIGINT, previous)
+    else:
+        time.sleep(1.0)
+        record["handler"] = failure(lambda: call(comm, rank, 10))
+    # 2. Ctrl-C between calls, caught: the next call is not aborted.
+    if rank == 0:
+        threading.Timer(0.2, sigint).start()
+        try:
+            time.sleep(1.0)
+            record["between"] = "no KeyboardInterrupt"
+        except KeyboardInterrupt:
+            record["between"] = "caught"
+    else:
+        time.sleep(1.5)
+    record["after_between"] = failure(lambda: call(comm, rank, 11))
+    # 3. Ctrl-C while the call waits on a peer 3 s late.
     if rank == size - 1:
         time.sleep(3)
     if rank == 0:
         def interrupt():
             record["signal_at"] = time.monotonic()
-            os.kill(os.getpid(), signal.SIGINT)
+            sigint()
 
         threading.Timer(0.3, interrupt).start()
         try:
-            call(comm, rank, 10)
+            call(comm, rank, 12)
             record["interrupted"] = "the call returned"
         except KeyboardInterrupt:
             record["interrupted"] = "KeyboardInterrupt"
         record["returned_at"] = time.monotonic()
     else:
-        record["failed"] = failure(lambda: call(comm, rank, 10))
+        record["failed"] = failure(lambda: call(comm, rank, 12))
     started = time.monotonic()
     comm.close()
     record["close_seconds"] = time.monotonic() - started

@@ -135,6 +135,12 @@ def test_ctrl_c_during_a_waiting_call_raises_keyboard_interrupt_at_once(tmp_path
     for rec in records:
         assert "exception" not in rec, rec
     r0, r1 = records
+    # A handler of the program's own decides for itself; a Ctrl-C caught
+    # between calls leaves the communicator alone.
+    assert r0["handler_ran"] and r0["handler"]["status"] == 0, r0
+    assert r1["handler"]["status"] == 0, r1
+    assert r0["between"] == "caught", r0
+    assert r0["after_between"]["status"] == 0 and r1["after_between"]["status"] == 0, records
     assert r0["interrupted"] == "KeyboardInterrupt", r0
     assert r0["returned_at"] - r0["signal_at"] <= 0.5, r0
     assert "arbiter: Ctrl-C while rank 0's call waited on its peers" in r0["output"], r0

@@ -370,7 +370,8 @@ int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
           return fail(ARBITER_INVALID_ARGUMENT,
                       "a GPU rank (capability " + std::to_string(options->capability) +
                           ") needs its CUDA device: LOCAL_RANK is not set (torchrun and "
-                          "`arbiter launch` set it; or pass options.device)");
+                          "`arbiter launch` set it; or pass the device: options.device in C, "
+                          "device= in Python)");
         }
       }
       comm->bootstrap = process_group(timeout);

@@ -1182,7 +1182,9 @@ Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& 
     }
     if (const std::int64_t dtype = common::raw_enum(args.dtype); !common::is_valid_dtype(dtype)) {
       result.status = ARBITER_INVALID_ARGUMENT;
-      result.error = "unknown dtype " + std::to_string(dtype) + " (0 fp16, 1 bf16, 2 fp32)";
+      // As the C caller wrote it (an int in an enum field).
+      result.error = "unknown dtype " + std::to_string(static_cast<std::int32_t>(dtype)) +
+                     " (0 fp16, 1 bf16, 2 fp32)";
       return result;
     }
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
@@ -1294,10 +1296,10 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
 std::string Communicator::Impl::refusal(
     const arbiter_allreduce_args& args, std::uint32_t excluded,
     const std::array<std::string, kBackendCount>& declined) const {
-  const auto p = static_cast<std::uint32_t>(args.pattern);
+  const auto p = static_cast<std::uint32_t>(common::raw_enum(args.pattern));
   if (p >= kPatternCount) {
-    return "unknown pattern " + std::to_string(p) + " (0 allreduce ... " +
-           std::to_string(kPatternCount - 1) + " residual_rmsnorm_fp4)";
+    return "unknown pattern " + std::to_string(static_cast<std::int32_t>(p)) +
+           " (0 allreduce ... " + std::to_string(kPatternCount - 1) + " residual_rmsnorm_fp4)";
   }
   const std::string pname = pattern_label(p);
   const std::uint64_t bytes =

@@ -80,8 +80,8 @@ BOOST_AUTO_TEST_CASE(each_rank_gets_torchrun_variables_and_one_job_token) {
 }
 
 BOOST_AUTO_TEST_CASE(arbiter_listens_on_a_port_of_its_own_beside_master_port) {
-  // Rank 0 of arbiter's bootstrap keeps its port while its group lives, so a
-  // torch.distributed store on MASTER_PORT needs another, in either order.
+  // A torch.distributed store on MASTER_PORT may listen while arbiter's rank
+  // 0 joins its group (torch first, or both at once): two ports.
   const std::string script = "echo ports $MASTER_PORT $ARBITER_BOOTSTRAP_PORT";
   Run run = launch_sh("--nproc 2", script, "-u ARBITER_BOOTSTRAP_PORT");
   BOOST_TEST(run.result.exit_code == 0, run.result.output);
@@ -295,6 +295,8 @@ BOOST_AUTO_TEST_CASE(bad_command_lines_exit_2_with_the_reason) {
       {"--nproc 2 --port 70000 -- true", "--port '70000' is not a port number"},
       {"--nproc 2 --bootstrap-port x -- true",
        "--bootstrap-port 'x' is not a port number in 1..65535"},
+      {"--nproc 2 --port 29999 --bootstrap-port 29999 -- true",
+       "arbiter's bootstrap port (--bootstrap-port) and MASTER_PORT (--port) are both 29999"},
       {"--nproc 2 --timeout -1 -- true", "--timeout '-1' is not a number of seconds > 0"},
       {"--nproc 2 --timeout soon -- true", "--timeout 'soon' is not a number of seconds"},
       {"--nproc 2 --grace x -- true", "--grace 'x' is not a number of seconds >= 0"},

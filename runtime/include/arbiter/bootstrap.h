@@ -73,7 +73,7 @@ struct [[nodiscard]] BootstrapStatus {
 //                                     MASTER_PORT (under torchrun its store
 //                                     already holds MASTER_PORT; `arbiter
 //                                     launch` sets a port of its own). Rank 0
-//                                     listens there while the group lives.
+//                                     listens there until every rank joined.
 //   ARBITER_JOB_TOKEN                 optional; `arbiter launch` sets a fresh
 //                                     random one. When absent the token is
 //                                     derived as "derived-" + hex FNV-1a-64 of

@@ -30,6 +30,8 @@ constexpr auto kLeaveWait = std::chrono::seconds(2);
 constexpr auto kRefusedLinger = std::chrono::seconds(1);
 // How long a failing rank 0 spends telling the others why.
 constexpr auto kNotifyWait = std::chrono::milliseconds(300);
+// How long no connection may arrive before rank 0 stops listening.
+constexpr auto kSettle = std::chrono::milliseconds(50);
 // How often rank 0 looks whether a port in TIME_WAIT is free again.
 constexpr auto kTimeWaitPoll = std::chrono::milliseconds(250);
 
@@ -336,7 +338,9 @@ bool StarGroup::wait_out_time_wait(Clock::time_point deadline) {
     if (!told) {
       log("rank 0: port " + std::to_string(options_.master_port) +
           " is held by connections of an earlier run in TIME_WAIT (no program listens "
-          "there); waiting for the kernel to free it, at most 60 s");
+          "there); waiting for the kernel to free it: at most 60 s, and no longer than "
+          "this rank's timeout of " +
+          duration_text(options_.timeout));
       told = true;
     }
     std::this_thread::sleep_for(kTimeWaitPoll);
@@ -376,9 +380,9 @@ void StarGroup::listen(Clock::time_point deadline) {
         ARBITER_UNAVAILABLE,
         "bootstrap: rank 0 cannot listen on " + master() + ": port " +
             std::to_string(options_.master_port) +
-            " is already in use (hint: another job or program holds it; choose a free "
-            "MASTER_PORT, set ARBITER_BOOTSTRAP_PORT when torchrun's store holds MASTER_PORT, "
-            "or let `arbiter launch` pick a free port)");
+            " is already in use (hint: another job or program listens there; give arbiter a "
+            "free port: ARBITER_BOOTSTRAP_PORT names it, else MASTER_PORT, which torchrun's "
+            "store holds; or let `arbiter launch` pick one)");
   }
   throw BootstrapError(ARBITER_UNAVAILABLE,
                        "bootstrap: rank 0 cannot listen on " + master() + ": " + ucx_text(status) +
@@ -390,23 +394,7 @@ StarGroup::~StarGroup() {
     leave();
     for (auto& conn : conns_) close(conn.get(), true);
     drain_closes(Clock::now() + std::chrono::seconds(1));
-    if (listener_ != nullptr) {
-      // Requests still queued become endpoints, closed at once: a rejected
-      // one crashes UCX's TCP connection manager when the client answers
-      // (openucx/ucx#11235; Debian 12's UCX 1.13 has it). Destroying the
-      // listener rejects what UCX holds undelivered, so first progress until
-      // nothing new arrives for a moment; a connection that starts in the
-      // microseconds after that still meets the reject.
-      const Clock::time_point until = Clock::now() + kLeaveWait;
-      std::size_t seen = conns_.size() + 1;
-      while (seen != conns_.size() && Clock::now() < until) {
-        seen = conns_.size();
-        wait_until([] { return false; }, Clock::now() + std::chrono::milliseconds(10));
-        for (auto& conn : conns_) close(conn.get(), true);
-      }
-      ucp_listener_destroy(listener_);
-      listener_ = nullptr;
-    }
+    stop_listening();  // a join that failed: strangers may still come
     // Sends to force-closed endpoints complete with an error; whatever is
     // still pending (a send, or a close that a stopped peer never let
     // finish) is released to UCX, which frees it with the worker: a request
@@ -520,12 +508,49 @@ void StarGroup::join_as_server(Clock::time_point deadline) {
 
   for (int r = 1; r < world; ++r) send(by_rank_[r], kReady, Op::kNone, 0, nullptr);
   complete_ = true;
-  // The listener stays until the group ends: a process that comes late (a
-  // second RANK=1, another job on this port) is refused whenever rank 0
-  // progresses. Destroying it now would reject a connection in its
-  // handshake, which UCX's TCP connection manager does not survive (a
-  // SIGSEGV in its async thread, see ~StarGroup).
   wait_until([&] { return in_flight_.empty(); }, std::max(deadline, Clock::now() + kNotifyWait));
+  // Stop listening: UCX 1.13's TCP connection manager aborts the process on
+  // malformed bytes sent to the port, so the port is open no longer than
+  // the join needs. A second RANK=1 started beside the first is still in
+  // its handshake now: it is answered (refused) before the listener goes.
+  stop_listening();
+}
+
+// Progresses until no connection has arrived for kSettle (at most
+// kLeaveWait), refusing and closing strangers, then destroys the listener.
+// Destroying it rejects what UCX holds undelivered, and a rejected request
+// crashes UCX's TCP connection manager when the client answers
+// (openucx/ucx#11235; Debian 12's UCX 1.13 has it); the settling makes that
+// a connection started in the microseconds before the destroy.
+void StarGroup::stop_listening() {
+  if (listener_ == nullptr) return;
+  const Clock::time_point until = Clock::now() + kLeaveWait;
+  Clock::time_point quiet_since = Clock::now();
+  std::size_t seen = conns_.size();
+  bool answered = false;
+  while (Clock::now() < until) {
+    wait_until([] { return false; }, Clock::now() + kSettle / 4);
+    if (conns_.size() != seen) {
+      seen = conns_.size();
+      quiet_since = Clock::now();
+      answered = false;
+    }
+    // Every stranger that said hello was told why (tend_strangers()), and
+    // the refusals went out, before they are cut off.
+    if (!answered) {
+      answered = std::all_of(conns_.begin(), conns_.end(), [](const auto& c) {
+        return c->joined || c->ep == nullptr || c->refused || c->failed;
+      });
+      if (answered) wait_until([&] { return in_flight_.empty(); }, Clock::now() + kNotifyWait);
+    }
+    if (answered && Clock::now() - quiet_since >= kSettle) break;
+  }
+  ucp_listener_destroy(listener_);
+  listener_ = nullptr;
+  for (auto& conn : conns_) {
+    if (!conn->joined) close(conn.get(), true);
+  }
+  std::erase_if(inbox_, [](const std::unique_ptr<Inbound>& m) { return !m->from->joined; });
 }
 
 void StarGroup::handle_hello(std::unique_ptr<Inbound> hello) {
@@ -534,12 +559,14 @@ void StarGroup::handle_hello(std::unique_ptr<Inbound> hello) {
   const WireHeader& h = hello->header;
   const int world = options_.world_size;
   if (h.kind != kHello) return refuse(conn, "it did not start with a hello (protocol error)");
-  if (hello->data.size() > kMaxTokenBytes || hello->text() != options_.job_token) {
-    return refuse(conn, "wrong job token");
-  }
+  // The world size first: a token derived from the environment differs
+  // with it too, and "wrong job token" would hide the cause.
   if (h.world_size != world) {
     return refuse(conn, "its WORLD_SIZE is " + std::to_string(h.world_size) + ", rank 0's is " +
                             std::to_string(world));
+  }
+  if (hello->data.size() > kMaxTokenBytes || hello->text() != options_.job_token) {
+    return refuse(conn, "wrong job token");
   }
   if (h.rank < 1 || h.rank >= world) {
     return refuse(conn,
@@ -578,7 +605,9 @@ void StarGroup::join_as_client(Clock::time_point deadline) {
                                " within " + duration_text(options_.timeout) +
                                " (last error: " + last_error +
                                "; hint: is rank 0 running, and do all ranks use the same "
-                               "MASTER_ADDR and MASTER_PORT?)");
+                               "MASTER_ADDR and port? Rank 0 stops listening once its group "
+                               "is complete: was another process started with RANK=" +
+                               std::to_string(options_.rank) + "?)");
     }
     // Rank 0 may simply not listen yet: try again a little later.
     wait_until([] { return false; }, Clock::now() + backoff);
@@ -670,8 +699,7 @@ bool StarGroup::try_connect(Clock::time_point deadline, std::string* last_error)
   }
   *last_error = conn->failed ? ucx_text(conn->error)
                              : "connected, but rank 0 did not answer (is another program "
-                               "listening on that port, or is rank 0's group complete and "
-                               "between collectives?)";
+                               "listening on that port?)";
   close(conn, true);
   return false;
 }

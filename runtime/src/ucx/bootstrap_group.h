@@ -1,9 +1,8 @@
 // The UCX star behind arbiter::Bootstrap (private).
 //
-// Rank 0 owns a ucp_listener for the life of the group: connections that
-// come late or stray in are refused whenever rank 0 progresses (in a
-// collective), never passed to ucp_listener_reject; every other rank holds
-// one endpoint to rank 0.
+// Rank 0 owns a ucp_listener until every rank joined (and strangers that
+// came meanwhile were answered); every other rank holds one endpoint to
+// rank 0. Connection requests are never passed to ucp_listener_reject.
 // All traffic is active messages (one id) whose header is a WireHeader; the
 // receiver finds the sending connection through the reply endpoint.
 //
@@ -63,6 +62,7 @@ class StarGroup {
   explicit StarGroup(const BootstrapOptions& options);
   void init_ucx();
   void listen(Clock::time_point deadline);
+  void stop_listening();
   bool wait_out_time_wait(Clock::time_point deadline);
   void join_as_server(Clock::time_point deadline);
   void join_as_client(Clock::time_point deadline);
