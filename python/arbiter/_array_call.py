@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from time import monotonic as _now
 
 from . import _library, _numpy_call
 from ._results import FP8_HINT, OUTPUTS, FusionResult, nvfp4_scale_bytes, stream_handle
@@ -103,6 +104,7 @@ def run(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bias
             return result
     if not comm._lock.acquire(blocking=False):
         raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
+    comm._call_started = _now()  # for the Ctrl-C watcher (_interrupt)
     held: list[Borrowed] = []
     try:
         try:

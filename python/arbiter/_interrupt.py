@@ -14,7 +14,8 @@ Installed on the first communicator made in the main thread, where no
 wakeup fd is set already (asyncio's event loop sets one; then Ctrl-C waits
 for the deadline as before). It acts only while SIGINT raises
 KeyboardInterrupt (Python's default handler), and only on a call that was
-already waiting when the signal came. Nothing runs on the call path.
+already waiting when the signal came (see MIN_CALL_AGE_SECONDS). The call
+path only notes when each call began.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ import time
 # How long Python gets to raise KeyboardInterrupt by itself: a main thread
 # that is in arbiter's Python code (not waiting in C) leaves it by then.
 GRACE_SECONDS = 0.1
+# How long a call must have run when the watcher sees the signal: a younger
+# one may have started after Python raised (and the program caught) a
+# KeyboardInterrupt for it, while this thread waited for the CPU. A call
+# left alone that way ends at its deadline, or at the next Ctrl-C.
+MIN_CALL_AGE_SECONDS = 0.1
 
 _installed = False
 _install_lock = threading.Lock()
@@ -71,16 +77,17 @@ def _watch(read_fd: int) -> None:
         if signal.SIGINT not in signals or \
                 signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             continue
-        # The call the main thread is in now; aborted only if it is the same
-        # call after the grace (not one made after a KeyboardInterrupt the
-        # program caught).
+        # The call the main thread is in now: aborted only if it began well
+        # before this thread saw the signal and is the same call after the
+        # grace (not one made after a KeyboardInterrupt the program caught).
+        seen_at = time.monotonic()
         before = _call_frame(main)
         if before is None:
             continue
         time.sleep(GRACE_SECONDS)
         comm = _waiting_communicator(main, before)
         del before
-        if comm is None:
+        if comm is None or seen_at - comm._call_started < MIN_CALL_AGE_SECONDS:
             continue
         print(f"arbiter: Ctrl-C while rank {comm.rank}'s call waited on its peers: aborting "
               "the communicator (abort()), so that KeyboardInterrupt is raised now",

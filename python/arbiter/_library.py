@@ -32,6 +32,7 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+from time import monotonic as _now
 
 from .errors import ArbiterError, Status
 
@@ -369,6 +370,8 @@ def join_refused(comm, locked: bool, error: BaseException) -> BaseException:
     on its own) or comm is closed."""
     if not locked and not comm._lock.acquire(blocking=False):
         return error
+    if not locked:
+        comm._call_started = _now()  # for the Ctrl-C watcher (_interrupt)
     try:
         if not comm._handle_value:
             return error

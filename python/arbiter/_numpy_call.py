@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from time import monotonic as _now
 
 from . import _library
 from ._results import FusionResult
@@ -108,6 +109,7 @@ def try_run(comm, numpy, x, residual, weight, eps, pattern, out, stream, scale, 
                 return None
     if not comm._lock.acquire(blocking=False):
         return None
+    comm._call_started = _now()  # for the Ctrl-C watcher (_interrupt)
     try:
         if not comm._handle_value:
             return None

@@ -15,6 +15,7 @@ Imported only when torch is.
 from __future__ import annotations
 
 import math
+from time import monotonic as _now
 
 import torch
 
@@ -176,6 +177,7 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     ar, res, norm, quant, sf = outs
     if not comm._lock.acquire(blocking=False):
         raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
+    comm._call_started = _now()  # for the Ctrl-C watcher (_interrupt)
     try:
         if not comm._handle_value:
             raise _invalid("the communicator was closed")

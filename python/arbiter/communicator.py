@@ -21,6 +21,7 @@ import math
 import operator
 import sys
 import threading
+from time import monotonic as _now
 
 from . import _array_call, _interrupt, _library
 from ._results import FusionResult, WorkspaceFootprint, nvfp4_scale_bytes, stream_handle
@@ -230,6 +231,7 @@ class Communicator:
         self._handle = ctypes.c_void_p()
         self._handle_value = 0
         self._lock = threading.Lock()
+        self._call_started = 0.0  # when the call holding _lock began (monotonic)
         # abort() against close(): close() swaps the handle out under it, so
         # an abort() in flight finishes on a live communicator first.
         self._abort_lock = threading.Lock()
@@ -506,6 +508,7 @@ class Communicator:
         counted in _registered until its owner object dies."""
         data = ctypes.c_void_p()
         with self._lock:
+            self._call_started = _now()  # for the Ctrl-C watcher (_interrupt)
             if not self._handle:
                 raise _invalid(f"{what}: the communicator is closed")
             self._drain_frees()
