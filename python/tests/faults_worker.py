@@ -125,6 +125,9 @@ def scenario_abort(outdir: str, rank: int, size: int, record: dict) -> None:
 
 
 def scenario_interrupt(outdir: str, rank: int, size: int, record: dict) -> None:
+    # As at a terminal: a job started in the background of a script inherits
+    # SIGINT ignored, and Python then leaves it so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", max_tokens=64,
                                                  timeout=20)
     for n in range(10):
