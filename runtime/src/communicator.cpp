@@ -368,7 +368,8 @@ struct Communicator::Impl {
   Request request_for(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   // A norm pattern called without residual_in (a first block).
   static bool without_residual(const arbiter_allreduce_args& args) {
-    return args.pattern != ARBITER_PATTERN_ALLREDUCE && args.residual_in == nullptr;
+    return common::raw_enum(args.pattern) != ARBITER_PATTERN_ALLREDUCE &&
+           args.residual_in == nullptr;
   }
   std::uint64_t capacity(Backend b, Algorithm algorithm) const;
   Decision decide(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
@@ -999,7 +1000,8 @@ std::uint64_t Communicator::Impl::capacity(Backend b, Algorithm algorithm) const
 
 Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
                                     std::uint32_t excluded) const {
-  const auto p = static_cast<std::uint32_t>(args.pattern);
+  // As stored: a C caller may have written any int (UBSan's enum check).
+  const auto p = static_cast<std::uint32_t>(common::raw_enum(args.pattern));
   // A pattern not asked for at creation has no workspace sized for it.
   if (p >= kPatternCount || !((asked_patterns >> p) & 1u)) return Decision{};
   const Policy& chooser = pattern_policy[p];
@@ -1169,15 +1171,13 @@ Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& 
                                                   void* stream) {
   Result result;
   {
-    // A norm call without residual_in skips the modules that need one; the
-    // policy takes its next choice (refusal() says why, if none is left).
-    std::uint32_t excluded = without_residual(args) ? residual_required : 0;
     std::array<std::string, kBackendCount> declined;  // empty unless one declines
     // A value that names no pattern or dtype is the caller's bug, not a
-    // shape that no backend runs here.
+    // shape that no backend runs here. Checked before anything reads the
+    // field as its enum type (undefined for such a value).
     if (const std::int64_t p = common::raw_enum(args.pattern); p < 0 || p >= kPatternCount) {
       result.status = ARBITER_INVALID_ARGUMENT;
-      result.error = refusal(args, excluded, declined);
+      result.error = refusal(args, 0, declined);
       return result;
     }
     if (const std::int64_t dtype = common::raw_enum(args.dtype); !common::is_valid_dtype(dtype)) {
@@ -1187,6 +1187,9 @@ Communicator::Result Communicator::Impl::dispatch(const arbiter_allreduce_args& 
                      " (0 fp16, 1 bf16, 2 fp32)";
       return result;
     }
+    // A norm call without residual_in skips the modules that need one; the
+    // policy takes its next choice (refusal() says why, if none is left).
+    std::uint32_t excluded = without_residual(args) ? residual_required : 0;
     for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
       const Decision d = decide(args, excluded);
       result.decision = d;
@@ -1253,7 +1256,7 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
           result.error = name + " has no workspace: " + impl_->no_workspace[i];
           return;
         }
-        const auto p = static_cast<std::uint32_t>(args.pattern);
+        const auto p = static_cast<std::uint32_t>(common::raw_enum(args.pattern));
         if (p >= kPatternCount || !((impl_->patterns[i] >> p) & 1u)) {
           result.status = ARBITER_UNSUPPORTED;
           result.error = name + "'s workspace does not run " + pattern_label(p) + " (it runs " +
