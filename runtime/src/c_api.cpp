@@ -281,16 +281,15 @@ bool valid_options(const arbiter_comm_options& in) {
 }
 
 // The group of arbiter_comm_create_from_environment: joined by the first
-// call, then shared by every later one for the life of the process. Rank 0
-// could not listen on MASTER_PORT again at once (the port lingers after
-// close), and a second group beside a live one would need a second port.
+// call (with the options it parsed from the environment), then shared by
+// every later one for the life of the process: a second group beside a
+// live one would need a second port.
 // Never destroyed: at exit nothing is in flight on it, and a goodbye
 // handshake from a static destructor would delay every exit.
-std::shared_ptr<arbiter::Bootstrap> process_group(std::chrono::milliseconds timeout) {
+std::shared_ptr<arbiter::Bootstrap> process_group(const arbiter::BootstrapOptions& wanted) {
   static std::mutex mutex;
   static auto* group = new std::shared_ptr<arbiter::Bootstrap>();
   const std::lock_guard<std::mutex> lock(mutex);
-  const arbiter::BootstrapOptions wanted = arbiter::bootstrap_options_from_environment(timeout);
   if (*group) {
     const arbiter::BootstrapOptions& have = (*group)->options();
     if (have.rank != wanted.rank || have.world_size != wanted.world_size ||
@@ -364,8 +363,9 @@ int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
     try {
       // Before joining: a rank that cannot create would hold its peers in
       // the creation's first exchange until their timeout.
+      const arbiter::BootstrapOptions wanted = arbiter::bootstrap_options_from_environment(timeout);
       if (!o.capability.is_cpu() && o.device < 0) {
-        o.device = arbiter::bootstrap_options_from_environment(timeout).local_rank;
+        o.device = wanted.local_rank;
         if (o.device < 0) {
           return fail(ARBITER_INVALID_ARGUMENT,
                       "a GPU rank (capability " + std::to_string(options->capability) +
@@ -374,7 +374,7 @@ int32_t arbiter_comm_create_from_environment(const arbiter_policy* policy,
                           "device= in Python)");
         }
       }
-      comm->bootstrap = process_group(timeout);
+      comm->bootstrap = process_group(wanted);
     } catch (const arbiter::BootstrapError& e) {
       return fail(e.code(), e.what());
     }

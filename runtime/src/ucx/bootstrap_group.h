@@ -96,8 +96,8 @@ class StarGroup {
   // Server: turns queued connection requests into endpoints; answers Bye.
   void accept_pending();
   void answer_byes();
-  // Rank 0: answers the hellos of connections not yet joined (late ones
-  // too, while the group lives) and closes strangers that are done.
+  // Rank 0, while it listens: answers the hellos of connections not yet
+  // joined and closes strangers that are done.
   void tend_strangers();
   void handle_hello(std::unique_ptr<Inbound> hello);
   void refuse(Conn* conn, const std::string& reason);
