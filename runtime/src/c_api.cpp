@@ -277,6 +277,12 @@ bool valid_options(const arbiter_comm_options& in) {
                    "residual_rmsnorm_fp8, residual_rmsnorm_fp4; 0 for all)";
     return false;
   }
+  if (in.hidden == 0) {
+    g_last_error =
+        "options: hidden is 0: pass the model's hidden size (the elements per token of the widest "
+        "call); the workspaces are sized from it";
+    return false;
+  }
   return valid_capability(in.capability, "options: ");
 }
 

@@ -506,6 +506,15 @@ void Communicator::Impl::create(const Registry& registry) {
   }
   const auto facts = allgather(oob, mine, timeout, "what every rank must agree on");
   check_agreement(facts, registry, oob.rank);
+  // After the exchange, so that every rank says it (a rank that differs is
+  // named above). The fused modules size their buffers by tokens x hidden:
+  // without it they could make no workspace, and every call would quietly
+  // go unfused.
+  if (options.hidden == 0) {
+    throw CommunicatorError(
+        "hidden is 0: pass the model's hidden size (the elements per token of the widest call); "
+        "the workspaces and the slicing of large calls are sized from it");
+  }
   for (const RankFacts& f : facts) processes.push_back(f.process);
   faults.at("create.workspaces", oob.rank, 0);
   // 2. The same backends on every rank: AND of what each could load, and of

@@ -115,6 +115,9 @@ typedef struct arbiter_comm_options {
   uint32_t multicast;     /* bool */
   int32_t device;         /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
   uint32_t max_tokens;    /* the largest call; 0 (unknown): what the tables fuse */
+  /* Elements per token of the widest call, > 0 (else ARBITER_INVALID_ARGUMENT):
+   * workspaces are sized from it. A call may pass a narrower hidden (the same
+   * on every rank), as `arbiter bench` does. */
   uint32_t hidden;
   arbiter_dtype dtype;
   /* The patterns calls will use: bit arbiter_pattern; 0: every pattern.

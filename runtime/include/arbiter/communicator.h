@@ -86,6 +86,8 @@ struct CommunicatorOptions {
   // 0 (unknown): workspaces hold what the tables fuse, and the fallback runs
   // larger calls in slices.
   std::uint32_t max_tokens = 0;
+  // Elements per token of the widest call; creation refuses 0 (workspaces
+  // are sized from it). A call may pass a narrower hidden.
   std::uint32_t hidden = 0;
   Dtype dtype = Dtype::kBf16;
   // The patterns calls will use: bit (1 << Pattern); 0 or kAllPatterns (the

@@ -415,8 +415,18 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   BOOST_TEST(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(std::string(arbiter_last_error()).find("pattern_mask 128") != std::string::npos);
   BOOST_TEST(comm == nullptr);
-  // So is an oob without a function, or a rank outside its group.
+  // So is a communicator without a hidden size: the fused workspaces are
+  // sized from it (on a GPU, trtllm would make none and every call would go
+  // unfused without a word).
   o.pattern_mask = 0;
+  o.hidden = 0;
+  BOOST_TEST(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("hidden is 0: pass the model's hidden size") !=
+                 std::string::npos,
+             arbiter_last_error());
+  BOOST_TEST(comm == nullptr);
+  o.hidden = 8;
+  // So is an oob without a function, or a rank outside its group.
   arbiter_oob broken = oob;
   broken.barrier = nullptr;
   BOOST_TEST(arbiter_comm_create(&broken, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);

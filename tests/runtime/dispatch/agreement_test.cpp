@@ -163,6 +163,21 @@ BOOST_AUTO_TEST_CASE(ranks_in_and_out_of_the_check_mode_are_refused) {
   }
 }
 
+// Without a hidden size the fused modules could size no workspace (trtllm
+// refuses one; the runtime would drop it and run every call unfused):
+// creation fails on every rank, saying what to pass.
+BOOST_AUTO_TEST_CASE(a_communicator_without_a_hidden_size_is_refused_on_every_rank) {
+  const arbiter::Registry registry = registry_of(all_modules());
+  const auto errors = on_ranks(2, [&](int r, const arbiter_oob& oob) {
+    arbiter::CommunicatorOptions o = gpu_options(r);
+    o.hidden = 0;
+    arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), registry, o);
+  });
+  for (int r = 0; r < 2; ++r) {
+    BOOST_TEST(contains(errors[r], "hidden is 0: pass the model's hidden size"), errors[r]);
+  }
+}
+
 // abort() on rank 0 reaches every workspace it has (the module's abort),
 // every later call there fails at once, and teardown is local.
 BOOST_AUTO_TEST_CASE(abort_reaches_every_workspace_and_fails_later_calls) {
