@@ -418,6 +418,38 @@ def scenario_abort_close(outdir: str) -> None:
     print("abort/close: survived", flush=True)
 
 
+def scenario_fork_join(outdir: str) -> None:
+    """A forked child that calls from_environment again would talk on its
+    parent's connections: refused at once in the child; the parent's group
+    goes on working."""
+    comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
+    rank = comm.rank
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        start = time.monotonic()
+        try:
+            arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
+            message = "the child joined"
+        except arbiter.ArbiterError as e:
+            message = f"{time.monotonic() - start:.2f} s: {e.message}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    os.waitpid(pid, 0)
+    print(f"fork/join: child of rank {rank}: {child}", flush=True)
+    again = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
+    x = np.full((2, HIDDEN), rank + 1.0, np.float32)
+    for c in (comm, again):
+        got = c.allreduce_fusion(x.copy()).allreduce_out
+        if not np.array_equal(got, np.full_like(x, 3.0)):
+            fail(f"rank {rank}: the parent's call after the fork gave {got[0, :4]}")
+        c.close()
+    print(f"fork/join: rank {rank} ran on", flush=True)
+
+
 def save(outdir: str, record: dict, saved: dict) -> None:
     rank = int(os.environ["RANK"])
     np.savez(os.path.join(outdir, f"rank{rank}.npz"), **saved)

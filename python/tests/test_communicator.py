@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -486,6 +487,19 @@ def test_abort_racing_close_never_touches_a_destroyed_communicator(arbiter_bin, 
     code, log = launch(arbiter_bin, tmp_path, 2, "abort_close")
     assert code == 0, log
     assert log.count("abort/close: survived") == 2, log
+
+
+def test_a_forked_child_cannot_join_with_its_parents_rank(arbiter_bin, tmp_path):
+    # Before, the child took its parent's group and mixed its messages into
+    # the parent's connections: both timed out, or the child "joined".
+    code, log = launch(arbiter_bin, tmp_path, 2, "fork_join", timeout=60)
+    assert code == 0, log
+    children = re.findall(r"fork/join: child of rank \d: ([\d.]+) s: (.*)", log)
+    assert len(children) == 2, log
+    for seconds, message in children:
+        assert float(seconds) < 1.0, log
+        assert "which has since forked; a forked child cannot use it" in message, log
+    assert log.count("fork/join: rank") == 2 and "ran on" in log, log
 
 
 def test_a_forked_child_cannot_use_or_abort_its_parents_communicator():

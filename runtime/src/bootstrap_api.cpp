@@ -6,6 +6,7 @@
 
 #include "arbiter/bootstrap.h"
 #include "bootstrap_ucx_loader.h"
+#include "fork_stamp.h"
 
 namespace arbiter {
 
@@ -38,7 +39,11 @@ class UcxGroup {
   }
   UcxGroup(const UcxGroup&) = delete;
   UcxGroup& operator=(const UcxGroup&) = delete;
-  ~UcxGroup() { ucx_.leave(group_); }
+  // A forked child's copy leaves nothing: its goodbyes would reach the
+  // parent's peers on the parent's connections.
+  ~UcxGroup() {
+    if (!joined_.forked()) ucx_.leave(group_);
+  }
 
   BootstrapStatus allgather(const void* send, void* recv, std::size_t bytes,
                             std::chrono::milliseconds timeout) {
@@ -62,6 +67,13 @@ class UcxGroup {
   // across ranks in the order each rank makes them.
   template <class Collective>
   BootstrapStatus in_turn(std::chrono::milliseconds timeout, Collective collective) {
+    if (joined_.forked()) {
+      return {ARBITER_INVALID_ARGUMENT,
+              "bootstrap: this group was joined by process " + std::to_string(joined_.pid) +
+                  ", which has since forked; a forked child cannot use it (its messages would "
+                  "mix with the parent's on the same connections): join from a process started "
+                  "with a RANK of its own, or give the child's communicator an oob of its own"};
+    }
     std::unique_lock lock(mutex_, std::defer_lock);
     if (!lock.try_lock_for(timeout)) {
       return {ARBITER_TIMEOUT, "bootstrap: another thread of this process used the group for " +
@@ -80,6 +92,7 @@ class UcxGroup {
   const arbiter_bootstrap_ucx_v1_t& ucx_;
   void* group_ = nullptr;
   std::timed_mutex mutex_;
+  const ForkStamp joined_;
 };
 
 }  // namespace

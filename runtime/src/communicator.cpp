@@ -1,8 +1,5 @@
 #include "arbiter/communicator.h"
 
-#include <pthread.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -20,6 +17,7 @@
 #include "arbiter/common/token_slice.h"
 #include "arbiter/workspace_plan.h"
 #include "fault_board.h"
+#include "fork_stamp.h"
 #include "peer_watch.h"
 
 namespace arbiter {
@@ -286,20 +284,6 @@ bool refuse_host_flags(const arbiter_allreduce_args& args, Communicator::Result&
   return true;
 }
 
-// Bumped in the child of every fork(): a communicator made before it
-// belongs to the parent, whose peers would pair the child's calls with the
-// parent's.
-std::atomic<std::uint64_t> g_fork_generation{0};
-
-std::uint64_t fork_generation() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    pthread_atfork(nullptr, nullptr,
-                   [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
-  });
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
-
 }  // namespace
 
 struct Communicator::Impl {
@@ -359,11 +343,10 @@ struct Communicator::Impl {
   Impl(const arbiter_oob& o, Policy p, const CommunicatorOptions& opt)
       : oob(o), tables_policy(p), policy(std::move(p)), options(opt) {}
 
-  // The process that created the communicator (fork_generation()), and
-  // whether this is still it.
-  const std::uint64_t created_in = fork_generation();
-  const pid_t creator = getpid();
-  bool forked() const { return g_fork_generation.load(std::memory_order_relaxed) != created_in; }
+  // The process that created the communicator, and whether this is still
+  // it: a forked child's copy belongs to the parent.
+  const ForkStamp made;
+  bool forked() const { return made.forked(); }
 
   Request request_for(const arbiter_allreduce_args& args, std::uint32_t excluded) const;
   // A norm pattern called without residual_in (a first block).
@@ -815,7 +798,7 @@ void Communicator::Impl::destroy() {
 bool Communicator::Impl::refuse_if_faulted(Result& result) const {
   if (forked()) [[unlikely]] {
     result.status = ARBITER_INVALID_ARGUMENT;
-    result.error = "this communicator was created in process " + std::to_string(creator) +
+    result.error = "this communicator was created in process " + std::to_string(made.pid) +
                    ", which has since forked; this child cannot use it (its calls would pair "
                    "with the parent's): create a new communicator in the child";
     return true;
