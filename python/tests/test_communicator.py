@@ -489,7 +489,7 @@ def test_abort_racing_close_never_touches_a_destroyed_communicator(arbiter_bin, 
     assert log.count("abort/close: survived") == 2, log
 
 
-def test_a_forked_child_cannot_join_with_its_parents_rank(arbiter_bin, tmp_path):
+def test_a_forked_child_cannot_join_with_its_parents_group(arbiter_bin, tmp_path):
     # Before, the child took its parent's group and mixed its messages into
     # the parent's connections: both timed out, or the child "joined".
     code, log = launch(arbiter_bin, tmp_path, 2, "fork_join", timeout=60)
@@ -498,7 +498,7 @@ def test_a_forked_child_cannot_join_with_its_parents_rank(arbiter_bin, tmp_path)
     assert len(children) == 2, log
     for seconds, message in children:
         assert float(seconds) < 1.0, log
-        assert "which has since forked; a forked child cannot use it" in message, log
+        assert "has since forked; this child can neither use that group nor join" in message, log
     assert log.count("fork/join: rank") == 2 and "ran on" in log, log
 
 

@@ -13,6 +13,7 @@
 #include "arbiter/communicator.h"
 #include "arbiter/policy.h"
 #include "arbiter/registry.h"
+#include "fork_stamp.h"
 
 struct arbiter_policy {
   arbiter::Policy policy;
@@ -292,10 +293,24 @@ bool valid_options(const arbiter_comm_options& in) {
 // live one would need a second port.
 // Never destroyed: at exit nothing is in flight on it, and a goodbye
 // handshake from a static destructor would delay every exit.
+// A forked child holds its parent's copy of the group: it cannot use it
+// (the parent's rank, on the parent's connections), nor join another (UCX,
+// whose threads the child lacks, does not work after a fork).
 std::shared_ptr<arbiter::Bootstrap> process_group(const arbiter::BootstrapOptions& wanted) {
   static std::mutex mutex;
   static auto* group = new std::shared_ptr<arbiter::Bootstrap>();
+  static std::optional<arbiter::ForkStamp> joined;
   const std::lock_guard<std::mutex> lock(mutex);
+  if (*group && joined->forked()) {
+    const arbiter::BootstrapOptions& have = (*group)->options();
+    throw arbiter::BootstrapError(
+        ARBITER_INVALID_ARGUMENT,
+        "bootstrap: process " + std::to_string(joined->pid) + " joined rank " +
+            std::to_string(have.rank) +
+            " of its group and has since forked; this child can neither use that group nor "
+            "join another (UCX does not work across fork()): start it as a process of its own "
+            "(multiprocessing's 'spawn', or exec), or give its communicator an oob of its own");
+  }
   if (*group) {
     const arbiter::BootstrapOptions& have = (*group)->options();
     if (have.rank != wanted.rank || have.world_size != wanted.world_size ||
@@ -313,6 +328,7 @@ std::shared_ptr<arbiter::Bootstrap> process_group(const arbiter::BootstrapOption
     return *group;
   }
   *group = std::make_shared<arbiter::Bootstrap>(arbiter::Bootstrap::connect(wanted));
+  joined.emplace();
   return *group;
 }
 
