@@ -510,12 +510,15 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     return report(error(ARBITER_INVALID_ARGUMENT, "run: workspace and args must not be NULL"));
   }
   const arbiter_allreduce_args& a = *args;
-  const std::lock_guard<std::mutex> lock(ws->mutex);  // abort() waits for NCCL calls to end
-  if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) {
-    return report(error(ARBITER_ABORTED,
-                        "the workspace was aborted (abort(): ncclCommAbort); destroy it and "
-                        "create a new one"));
-  }
+  // abort() waits for NCCL calls on the communicator to end. Held around
+  // NCCL calls only: a launch of our own kernel can block while the stream
+  // is full behind an NCCL kernel that waits for a dead peer, and abort()
+  // must then still reach ncclCommAbort, which frees that kernel.
+  std::unique_lock<std::mutex> lock(ws->mutex);
+  const Status aborted = error(ARBITER_ABORTED,
+                               "the workspace was aborted (abort(): ncclCommAbort); destroy it "
+                               "and create a new one");
+  if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) return report(aborted);
   Status s = check_args(*ws, a);
   if (!s.ok()) return report(s);
   if (ws->broken) {
@@ -553,8 +556,10 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
   // residual_in (in place, aliasing.h: the epilogue must still read the
   // residual there, and then writes allreduce_out itself); else residual_out
   // (the epilogue then updates it in place), else the scratch when
-  // residual_out is residual_in too. The choice is local; the chunk plan
-  // below depends only on values every rank shares.
+  // residual_out is residual_in too or not given. The epilogue keeps x in
+  // residual_out, or in the scratch when the caller gave none (over the sum
+  // there, element by element, or beside a sum in allreduce_out). The choice
+  // is local; the chunk plan below depends only on values every rank shares.
   const uint64_t chunk_tokens = ws->scratch_bytes / row_bytes;
   if (chunk_tokens == 0) {
     return report(error(ARBITER_UNSUPPORTED, "one token (" + std::to_string(row_bytes) +
@@ -566,7 +571,7 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
   Dest dest = Dest::kScratch;
   if (a.allreduce_out != nullptr && !allreduce_out_is_residual) {
     dest = Dest::kAllreduceOut;
-  } else if (a.residual_out != a.residual_in) {
+  } else if (a.residual_out != nullptr && a.residual_out != a.residual_in) {
     dest = Dest::kResidualOut;
   }
   auto at = [](const void* p, uint64_t offset) -> char* {
@@ -589,6 +594,12 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
   e.pdl = (a.flags & ARBITER_RUN_PDL) != 0;
   for (uint64_t t0 = 0; t0 < a.tokens; t0 += chunk_tokens) {
     const uint64_t n = std::min<uint64_t>(chunk_tokens, a.tokens - t0);
+    if (!lock.owns_lock()) {
+      lock.lock();
+      if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) {
+        return report(aborted);
+      }
+    }
     const uint64_t off = t0 * row_bytes;
     if (single) {
       // The epilogue reads the input as the sum (each thread reads an
@@ -607,13 +618,14 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     }
     e.tokens = static_cast<uint32_t>(n);
     e.residual_in = at(a.residual_in, off);
-    e.residual_out = at(a.residual_out, off);
+    e.residual_out = a.residual_out != nullptr ? at(a.residual_out, off) : ws->scratch;
     e.norm_out = at(a.norm_out, off);
     // FP8: a byte per element; NVFP4: two elements a byte (hidden % 16 == 0).
     e.quant_out = fp8   ? at(a.quant_out, t0 * a.hidden)
                   : fp4 ? at(a.quant_out, t0 * a.hidden / 2)
                         : nullptr;
     e.first_token = static_cast<uint32_t>(t0);
+    lock.unlock();
     const cudaError_t err = arbiter::nccl::launch_residual_rmsnorm(e, stream);
     if (err != cudaSuccess) {
       return report(error(ARBITER_INTERNAL, cuda_message("epilogue kernel launch", err)));

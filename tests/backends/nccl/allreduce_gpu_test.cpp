@@ -117,6 +117,7 @@ struct Case {
   bool allreduce_out = false;      // norm patterns: also ask for the sum
   bool in_place_residual = false;  // residual_out == residual_in
   bool no_residual = false;        // residual_in NULL: a first block, x = the sum
+  bool no_residual_out = false;    // residual_out NULL: x is not wanted
   bool norm_out = true;            // FP8 pattern: also ask for the norm
   bool pdl = false;
   bool misaligned = false;  // every buffer one element off 16 bytes
@@ -130,6 +131,7 @@ struct Case {
     s << "pattern " << pattern << " dtype " << dtype << " tokens " << tokens << " hidden " << hidden
       << (weight_bias != 0.0f ? " gemma" : "") << (allreduce_out ? " +allreduce_out" : "")
       << (in_place_residual ? " in-place" : "") << (no_residual ? " no-residual_in" : "")
+      << (no_residual_out ? " no-residual_out" : "")
       << (norm_out ? "" : " no-norm_out") << (pdl ? " pdl" : "")
       << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
     if (fp4()) s << (linear_scales ? " linear-scales" : " swizzled-scales");
@@ -206,8 +208,10 @@ std::string check(const Case& c, const HostData& d, const Outputs& out) {
                              "allreduce_out");
     if (!e.empty() || c.pattern == ARBITER_PATTERN_ALLREDUCE) return e;
   }
-  e = common::check_output(out.residual_out.data(), c.dtype, ref.residual, ref.residual_bound,
-                           c.hidden, "residual_out");
+  if (!c.no_residual_out) {
+    e = common::check_output(out.residual_out.data(), c.dtype, ref.residual, ref.residual_bound,
+                             c.hidden, "residual_out");
+  }
   if (e.empty() && !out.norm_out.empty()) {
     e = common::check_output(out.norm_out.data(), c.dtype, ref.norm, ref.norm_bound, c.hidden,
                              "norm_out");
@@ -301,7 +305,9 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
   a.allreduce_out = (!norm || c.allreduce_out) ? sum.get() : nullptr;
   if (norm) {
     a.residual_in = c.no_residual ? nullptr : residual.get();
-    a.residual_out = c.in_place_residual ? residual.get() : residual_out.get();
+    a.residual_out = c.no_residual_out     ? nullptr
+                     : c.in_place_residual ? residual.get()
+                                           : residual_out.get();
     a.gamma = gamma.get();
     a.eps = 1e-6f;
     a.weight_bias = c.weight_bias;
@@ -357,7 +363,7 @@ int32_t run_case(arbiter_workspace* ws, const Case& c, const HostData& d, int ra
   }
   if (status != ARBITER_OK) return status;
   if (a.allreduce_out != nullptr) out->allreduce_out = download(a.allreduce_out, bytes);
-  if (norm) out->residual_out = download(a.residual_out, bytes);
+  if (a.residual_out != nullptr) out->residual_out = download(a.residual_out, bytes);
   if (a.norm_out != nullptr) out->norm_out = download(a.norm_out, bytes);
   if (quantised) out->quant_out = download(a.quant_out, c.quant_bytes());
   if (c.fp4()) out->scale_out = download(a.scale_out, c.scale_bytes());
@@ -489,6 +495,7 @@ std::vector<Case> sweep() {
           c.allreduce_out = k % 4 == 1;
           c.in_place_residual = k % 4 == 2;
           c.no_residual = k % 6 == 5;  // odd k: never in place over residual_in
+          c.no_residual_out = k % 8 == 3;  // never in place (k % 4 == 2)
           c.norm_out = k % 5 != 3;
           c.pdl = k % 2 == 1;
           c.misaligned = k % 7 == 4;

@@ -283,10 +283,13 @@ BOOST_AUTO_TEST_CASE(an_nvfp4_call_is_admitted_on_capability_100) {
       BOOST_TEST(s.ok(), "dtype " << dtype << " flags " << flags << ": " << s.message());
     }
   }
-  // Without the optional outputs, and vLLM's in-place layout.
+  // Without the optional outputs (residual_out too, as the ABI allows and
+  // the fused modules take: the epilogue keeps x in the scratch), and vLLM's
+  // in-place layout.
   arbiter_allreduce_args bare = fp4_args();
   bare.allreduce_out = nullptr;
   bare.norm_out = nullptr;
+  bare.residual_out = nullptr;
   BOOST_TEST(nccl::check_call(w, bare).ok(), nccl::check_call(w, bare).message());
   arbiter_allreduce_args in_place = fp4_args();
   in_place.allreduce_out = nullptr;
@@ -327,8 +330,6 @@ BOOST_AUTO_TEST_CASE(nvfp4_calls_get_the_fused_modules_checks) {
        "quant_out is NULL"},
       {[](arbiter_allreduce_args& a) { a.scale = nullptr; }, ARBITER_INVALID_ARGUMENT,
        "scale is NULL"},
-      {[](arbiter_allreduce_args& a) { a.residual_out = nullptr; }, ARBITER_INVALID_ARGUMENT,
-       "residual_out is NULL"},
       {[](arbiter_allreduce_args& a) { a.gamma = nullptr; }, ARBITER_INVALID_ARGUMENT,
        "gamma is NULL"},
       {[](arbiter_allreduce_args& a) { a.input = guard_buffer(0) + 8; }, ARBITER_INVALID_ARGUMENT,
@@ -372,6 +373,9 @@ BOOST_AUTO_TEST_CASE(other_patterns_and_the_workspace_mask_are_checked_as_before
   fp8.input = guard_buffer(0) + 2;
   fp8.quant_out = guard_buffer(6) + 1;
   BOOST_TEST(nccl::check_call(w, fp8).ok(), nccl::check_call(w, fp8).message());
+  arbiter_allreduce_args no_x = fp8;
+  no_x.residual_out = nullptr;
+  BOOST_TEST(nccl::check_call(w, no_x).ok(), nccl::check_call(w, no_x).message());
   fp8.input = guard_buffer(0) + 1;
   check_refused(w, fp8, ARBITER_INVALID_ARGUMENT,
                 "input is not aligned to its element size (2 bytes)");

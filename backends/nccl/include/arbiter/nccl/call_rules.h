@@ -146,9 +146,8 @@ inline Status check_call(const CallRules& w, const arbiter_allreduce_args& a) {
     if (a.allreduce_out == nullptr) return null("allreduce_out", " (pattern allreduce)");
     return common::check_aliasing(a);
   }
-  if (a.residual_out == nullptr) {
-    return null("residual_out", " (the nccl backend's norm patterns write x there)");
-  }
+  // residual_out may be NULL (the ABI's optional outputs): the epilogue
+  // then keeps x in the workspace's scratch.
   if (fp4) return common::check_call_buffers(a);
 
   if (a.gamma == nullptr) return null("gamma");
