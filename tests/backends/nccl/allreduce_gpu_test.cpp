@@ -131,9 +131,8 @@ struct Case {
     s << "pattern " << pattern << " dtype " << dtype << " tokens " << tokens << " hidden " << hidden
       << (weight_bias != 0.0f ? " gemma" : "") << (allreduce_out ? " +allreduce_out" : "")
       << (in_place_residual ? " in-place" : "") << (no_residual ? " no-residual_in" : "")
-      << (no_residual_out ? " no-residual_out" : "")
-      << (norm_out ? "" : " no-norm_out") << (pdl ? " pdl" : "")
-      << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
+      << (no_residual_out ? " no-residual_out" : "") << (norm_out ? "" : " no-norm_out")
+      << (pdl ? " pdl" : "") << (misaligned ? " misaligned" : "") << (capture ? " graph" : "");
     if (fp4()) s << (linear_scales ? " linear-scales" : " swizzled-scales");
     if (layout != nullptr) {
       s << " in-place layout " << (layout - arbiter::test::kInPlaceLayouts);
@@ -494,7 +493,7 @@ std::vector<Case> sweep() {
           c.weight_bias = k % 3 == 1 ? 1.0f : 0.0f;
           c.allreduce_out = k % 4 == 1;
           c.in_place_residual = k % 4 == 2;
-          c.no_residual = k % 6 == 5;  // odd k: never in place over residual_in
+          c.no_residual = k % 6 == 5;      // odd k: never in place over residual_in
           c.no_residual_out = k % 8 == 3;  // never in place (k % 4 == 2)
           c.norm_out = k % 5 != 3;
           c.pdl = k % 2 == 1;
