@@ -999,11 +999,16 @@ Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
   const Policy& chooser = pattern_policy[p];
   Request r = request_for(args, excluded);
   const Backend fallback = this->fallback();
+  const RegisteredArea* area = r.buffers_registered ? registered_area(args.input) : nullptr;
   for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
     const Decision d = chooser.decide(r);
     // Never send a message larger than a fused workspace's per-call capacity;
-    // the fallback instead runs it in slices (see run_in_slices).
+    // the fallback instead runs it in slices (see run_in_slices). A
+    // registered input on its own backend has no such bound: the module
+    // streams it (run_registered), as large as the tables' registered cells
+    // let it be, while the workspace was sized from the copied ones.
     if (d.backend == Backend::kNone || d.backend == fallback ||
+        (area != nullptr && area->backend == d.backend) ||
         r.message_bytes <= capacity(d.backend, d.algorithm)) {
       return d;
     }

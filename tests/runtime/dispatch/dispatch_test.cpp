@@ -4,12 +4,17 @@
 // With multicast, fused calls go to mnnvl (one-shot while bytes x ranks fit
 // the threshold, two-shot above, up to the 64 MiB cap) and larger ones to
 // the nccl fallback; without multicast everything goes to nccl; a
-// single-node job of 8 ranks goes to trtllm.
+// single-node job of 8 ranks goes to trtllm; a registered call larger than
+// trtllm's workspace runs there too when a registered cell says so.
 #define BOOST_TEST_MODULE runtime_dispatch
 #include <boost/test/unit_test.hpp>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,4 +218,89 @@ BOOST_AUTO_TEST_CASE(a_cpu_communicator_over_modules_probed_for_a_gpu_says_how_t
     BOOST_TEST(std::string(e.what()).find("{ARBITER_DEVICE_CPU, -1}") != std::string::npos,
                e.what());
   }
+}
+
+// A registered call larger than the fused workspace: the workspace holds
+// the copied cap (2 MiB at 8 ranks of capability 103), but a site cell
+// keyed `buffers: registered` fuses up to 16 MiB, and trtllm streams a
+// registered input of any size itself (run_registered). Before, every such
+// call went to nccl: the capacity check dropped trtllm first.
+BOOST_AUTO_TEST_CASE(a_registered_call_above_the_workspace_capacity_runs_where_its_cell_says) {
+  const std::string site = (std::filesystem::temp_directory_path() /
+                            ("arbiter-registered-site-" + std::to_string(::getpid()) + ".yaml"))
+                               .string();
+  {
+    std::ofstream f(site);
+    f << "format: 1\nfusion:\n"
+         "  - {capability: 103, world_size: 8, buffers: registered, max: 16}\n";
+  }
+  arbiter::LoadOptions load;
+  load.site_files = {site};
+  const arbiter::Policy policy = arbiter::Policy::load_or_throw(load);
+  std::filesystem::remove(site);
+  arbiter::DiscoverOptions o;
+  o.search_path = {std::string(ARBITER_RECORDING_MEMORY_DIR) + "/libarbiter-trtllm.so",
+                   std::string(ARBITER_RECORDING_DIR) + "/libarbiter-nccl.so"};
+  o.default_folder = false;
+  o.probe = {ARBITER_DEVICE_GPU, 0};
+  const arbiter::Registry modules = arbiter::Registry::discover(o);
+  const std::string trtllm = std::string(ARBITER_RECORDING_MEMORY_DIR) + "/libarbiter-trtllm.so";
+  void* h = dlopen(trtllm.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  BOOST_REQUIRE_MESSAGE(h != nullptr, trtllm << " is not loaded");
+  auto registered_runs = reinterpret_cast<long (*)()>(dlsym(h, "recording_registered_runs"));
+  BOOST_REQUIRE(registered_runs != nullptr);
+  const long before = registered_runs();
+
+  constexpr int kRanks = 8;
+  constexpr std::uint32_t kHidden = 7168, kTokens = 512;  // 7 MiB of bf16
+  arbiter::test::ThreadGroup group(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<arbiter::Decision> registered(kRanks), copied(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        arbiter::CommunicatorOptions c;
+        c.capability = arbiter::Capability::sm(103);
+        c.device = r;
+        c.max_tokens = 1024;
+        c.hidden = kHidden;
+        c.timeout = std::chrono::seconds(30);
+        arbiter::Communicator comm(group.oob(r), policy, modules, c);
+        void* input = nullptr;
+        const std::uint64_t bytes = std::uint64_t{kTokens} * kHidden * 2;
+        auto made = comm.alloc_registered(bytes, &input);
+        if (made.status != ARBITER_OK) throw std::runtime_error(made.error);
+        std::vector<std::uint16_t> ordinary(bytes / 2), dummy(kHidden);
+        arbiter_allreduce_args a{};
+        a.pattern = ARBITER_PATTERN_RESIDUAL_RMSNORM;
+        a.dtype = ARBITER_DTYPE_BF16;
+        a.tokens = kTokens;
+        a.hidden = kHidden;
+        a.input = input;
+        a.residual_in = ordinary.data();
+        a.residual_out = ordinary.data();
+        a.gamma = dummy.data();
+        a.norm_out = ordinary.data();
+        auto result = comm.allreduce_fusion(a, nullptr);
+        if (result.status != ARBITER_OK) throw std::runtime_error(result.error);
+        registered[r] = result.decision;
+        a.input = ordinary.data();  // the same call, copied
+        result = comm.allreduce_fusion(a, nullptr);
+        if (result.status != ARBITER_OK) throw std::runtime_error(result.error);
+        copied[r] = result.decision;
+        comm.free_registered(input);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    BOOST_TEST_REQUIRE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    BOOST_TEST((registered[r].backend == Backend::kTrtllm && registered[r].fused), "rank " << r);
+    BOOST_TEST((copied[r].backend == Backend::kNccl && !copied[r].fused), "rank " << r);
+  }
+  BOOST_TEST(registered_runs() - before == kRanks);
+  dlclose(h);
 }

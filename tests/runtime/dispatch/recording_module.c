@@ -16,7 +16,10 @@
  * kernel waits on a peer that never comes, until abort() or 10 s: it then
  * returns ARBITER_ABORTED, or ARBITER_TIMEOUT. On the rank that
  * RECORDING_FAIL_RANK names, that run() fails at once instead, as a launch
- * that fails: ARBITER_INTERNAL. */
+ * that fails: ARBITER_INTERNAL. Built with RECORDING_MEMORY, it also says
+ * how large a message run() takes (the spec's max_message_bytes, as trtllm
+ * sizes its buffers) and speaks ABI v2: alloc() gives private host memory,
+ * and run_registered() counts calls of any size, as trtllm streams them. */
 #include <ctype.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -29,6 +32,7 @@
 
 struct arbiter_workspace {
   int rank;
+  uint64_t max_message_bytes;
 };
 
 static atomic_long g_runs[3]; /* by arbiter_algorithm */
@@ -36,6 +40,7 @@ static atomic_long g_bytes;
 static atomic_long g_fp4_runs;
 static atomic_long g_aborts;
 static atomic_long g_run_count;
+static atomic_long g_registered_runs;
 static atomic_uint g_asked; /* spec->pattern_mask of the last creation */
 static uint32_t g_patterns = 15;
 static char g_error[128];
@@ -94,6 +99,7 @@ static int32_t create(const arbiter_oob* oob, const arbiter_workspace_spec* spec
   if (oob->barrier(oob->ctx, 10000) != ARBITER_OK) return ARBITER_TIMEOUT;
   *out = malloc(sizeof **out);
   (*out)->rank = oob->rank;
+  (*out)->max_message_bytes = spec->max_message_bytes;
   return ARBITER_OK;
 }
 
@@ -154,8 +160,47 @@ static void abort_workspace(arbiter_workspace* ws) {
 #define RECORDING_BUILD "recording 1"
 #endif
 
-EXPORT const arbiter_backend_v1_t arbiter_backend_v1 = {
-    ARBITER_BACKEND_ABI_VERSION, RECORDING_NAME, probe, create, 0, run, destroy, last_error};
+#ifdef RECORDING_MEMORY
+static uint64_t max_message_bytes(const arbiter_workspace* ws, arbiter_algorithm algorithm) {
+  (void)algorithm;
+  return ws->max_message_bytes;
+}
+
+static int32_t alloc_memory(arbiter_workspace* ws, uint64_t bytes, void** local) {
+  (void)ws;
+  *local = aligned_alloc(64, (bytes + 63) / 64 * 64);
+  return *local != NULL ? ARBITER_OK : ARBITER_UNAVAILABLE;
+}
+
+static int32_t free_memory(arbiter_workspace* ws, void* local) {
+  (void)ws;
+  free(local);
+  return ARBITER_OK;
+}
+
+static int32_t run_registered(arbiter_workspace* ws, const arbiter_allreduce_args* args,
+                              void* stream) {
+  (void)ws;
+  (void)stream;
+  atomic_fetch_add(&g_registered_runs, 1);
+  atomic_fetch_add(&g_bytes, (long)args->tokens * args->hidden * (args->dtype == 2 ? 4 : 2));
+  return ARBITER_OK;
+}
+
+EXPORT const arbiter_backend_memory_v2_t arbiter_backend_v2_memory = {
+    ARBITER_BACKEND_ABI_VERSION_MEMORY, 0, 64, alloc_memory, free_memory, run_registered};
+#else
+#define max_message_bytes 0
+#endif
+
+EXPORT const arbiter_backend_v1_t arbiter_backend_v1 = {ARBITER_BACKEND_ABI_VERSION,
+                                                        RECORDING_NAME,
+                                                        probe,
+                                                        create,
+                                                        max_message_bytes,
+                                                        run,
+                                                        destroy,
+                                                        last_error};
 EXPORT const arbiter_backend_faults_v1_t arbiter_backend_v1_faults = {1, RECORDING_BUILD,
                                                                       abort_workspace};
 
@@ -165,3 +210,4 @@ EXPORT long recording_bytes(void) { return atomic_load(&g_bytes); }
 EXPORT long recording_fp4_runs(void) { return atomic_load(&g_fp4_runs); }
 EXPORT unsigned recording_asked_patterns(void) { return atomic_load(&g_asked); }
 EXPORT long recording_aborts(void) { return atomic_load(&g_aborts); }
+EXPORT long recording_registered_runs(void) { return atomic_load(&g_registered_runs); }
