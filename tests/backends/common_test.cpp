@@ -4,6 +4,9 @@
 #define BOOST_TEST_MODULE backends_common
 #include <boost/test/unit_test.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +17,7 @@
 #include "arbiter/common/arch_coverage.h"
 #include "arbiter/common/bits.h"
 #include "arbiter/common/fp8.h"
+#include "arbiter/common/liveness.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/nvfp4.h"
 #include "arbiter/common/partition.h"
@@ -627,4 +631,33 @@ BOOST_AUTO_TEST_CASE(nvfp4_is_offered_only_by_builds_with_an_architecture_from_1
   BOOST_TEST(nvfp4_kernel_built_for(120, "100-virtual"));
   BOOST_TEST(nvfp4_kernel_built_for(100, ""));  // unknown list: every capability
   BOOST_TEST(!nvfp4_kernel_built_for(90, ""));
+}
+
+// Liveness watches every peer, however many: a rank whose process exits is
+// named, also past the 64 pidfds it polls at a time (there were 64 slots,
+// and more peers overflowed them).
+BOOST_AUTO_TEST_CASE(liveness_names_a_peer_that_exits_among_more_than_64) {
+  int hold[2];
+  BOOST_REQUIRE(pipe(hold) == 0);
+  const pid_t peer = fork();
+  if (peer == 0) {  // lives until the pipe closes
+    close(hold[1]);
+    char c;
+    while (read(hold[0], &c, 1) > 0) {
+    }
+    _exit(0);
+  }
+  BOOST_REQUIRE(peer > 0);
+  close(hold[0]);
+  constexpr int kRanks = 100;
+  std::vector<std::int32_t> pids(kRanks, static_cast<std::int32_t>(getpid()));
+  pids[97] = peer;
+  const std::vector<std::uint64_t> namespaces(kRanks,
+                                              arbiter::common::Liveness::own_pid_namespace());
+  const arbiter::common::Liveness liveness(0, pids, namespaces);
+  BOOST_TEST(liveness.watched() == std::size_t{kRanks - 1});
+  BOOST_TEST(liveness.first_dead() == -1);
+  close(hold[1]);
+  BOOST_REQUIRE(waitpid(peer, nullptr, 0) == peer);
+  BOOST_TEST(liveness.first_dead() == 97);
 }

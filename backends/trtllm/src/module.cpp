@@ -117,10 +117,14 @@ struct Module {
   // balanced slices of whole tokens when the message exceeds its sum area.
   static Status run_registered(arbiter_workspace& ws, const arbiter_allreduce_args* args,
                                void* stream) {
-    ++ws.calls;
+    const std::uint64_t call = ws.calls++;
     if (ws.abort.raised()) return common::aborted_call();
     if (Status s = check_call(ws.layout, args, ws.capability, /*registered=*/true); !s.ok()) {
       return s;
+    }
+    // Test-only, as in run().
+    if (common::FaultInjection::get().at("gpu.call.start", static_cast<int>(ws.rank), call)) {
+      return Status();
     }
     const arbiter_allreduce_args& a = *args;
     const std::uint64_t row_bytes = std::uint64_t{a.hidden} * common::dtype_size(a.dtype);

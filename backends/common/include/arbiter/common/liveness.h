@@ -127,17 +127,28 @@ inline Liveness::~Liveness() {
 }
 
 inline std::int32_t Liveness::first_dead() const {
-  pollfd fds[64];
-  std::int32_t ranks[64];
+  // Polled 64 at a time: no allocation, whatever the world size.
+  constexpr nfds_t kBatch = 64;
+  pollfd fds[kBatch];
+  std::int32_t ranks[kBatch];
   nfds_t count = 0;
   std::int32_t dead = -1;
   auto note = [&](std::int32_t rank) {
     if (dead < 0 || rank < dead) dead = rank;
   };
+  auto poll_batch = [&] {
+    if (count > 0 && poll(fds, count, 0) > 0) {
+      for (nfds_t i = 0; i < count; ++i) {
+        if (fds[i].revents != 0) note(ranks[i]);
+      }
+    }
+    count = 0;
+  };
   for (const Peer& peer : peers_) {
     if (peer.pidfd >= 0) {
       fds[count] = {peer.pidfd, POLLIN, 0};
       ranks[count++] = peer.rank;
+      if (count == kBatch) poll_batch();
       continue;
     }
     char state = 0;
@@ -147,11 +158,7 @@ inline std::int32_t Liveness::first_dead() const {
       note(peer.rank);
     }
   }
-  if (count > 0 && poll(fds, count, 0) > 0) {
-    for (nfds_t i = 0; i < count; ++i) {
-      if (fds[i].revents != 0) note(ranks[i]);
-    }
-  }
+  poll_batch();
   return dead;
 }
 
