@@ -289,6 +289,11 @@ typedef struct arbiter_backend_faults_v1_t {
  *    same offset from its part's start on every rank. The module reads the
  *    peers' inputs in place: no copy-in. Outputs and the other inputs may be
  *    any memory, registered or not. The results are the bits run() gives.
+ *    max_message_bytes does not bound a registered call (the workspace was
+ *    sized for copied ones, and the tables may fuse registered ones larger):
+ *    the module runs it, in slices if it must, or returns
+ *    ARBITER_UNSUPPORTED with nothing written, the same on every rank, and
+ *    the host takes its next choice.
  *    Every rank of a call must take the same path: if one rank calls run()
  *    and another run_registered(), or their offsets or allocations differ,
  *    the call is refused on every rank with ARBITER_MISMATCH, before any

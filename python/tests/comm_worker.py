@@ -421,7 +421,8 @@ def scenario_abort_close(outdir: str) -> None:
 def scenario_fork_join(outdir: str) -> None:
     """A forked child that calls from_environment again would talk on its
     parent's connections: refused at once in the child; the parent's group
-    goes on working."""
+    goes on working. A group of one shares no connections: the child may
+    use its copy."""
     comm = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
     rank = comm.rank
     read, write = os.pipe()
@@ -429,8 +430,9 @@ def scenario_fork_join(outdir: str) -> None:
     if pid == 0:
         start = time.monotonic()
         try:
-            arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
-            message = "the child joined"
+            own = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
+            got = own.allreduce_fusion(np.full((2, HIDDEN), 5.0, np.float32)).allreduce_out
+            message = f"the child joined and ran: {got[0, 0]}"
         except arbiter.ArbiterError as e:
             message = f"{time.monotonic() - start:.2f} s: {e.message}"
         os.write(write, message.encode())
@@ -442,9 +444,10 @@ def scenario_fork_join(outdir: str) -> None:
     print(f"fork/join: child of rank {rank}: {child}", flush=True)
     again = arbiter.Communicator.from_environment(hidden=HIDDEN, dtype="fp32", timeout=20)
     x = np.full((2, HIDDEN), rank + 1.0, np.float32)
+    expected = sum(r + 1.0 for r in range(comm.world_size))
     for c in (comm, again):
         got = c.allreduce_fusion(x.copy()).allreduce_out
-        if not np.array_equal(got, np.full_like(x, 3.0)):
+        if not np.array_equal(got, np.full_like(x, expected)):
             fail(f"rank {rank}: the parent's call after the fork gave {got[0, :4]}")
         c.close()
     print(f"fork/join: rank {rank} ran on", flush=True)

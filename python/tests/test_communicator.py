@@ -502,6 +502,14 @@ def test_a_forked_child_cannot_join_with_its_parents_group(arbiter_bin, tmp_path
     assert log.count("fork/join: rank") == 2 and "ran on" in log, log
 
 
+def test_a_forked_child_of_a_group_of_one_may_use_its_copy(arbiter_bin, tmp_path):
+    # One rank has no connections to share with the parent.
+    code, log = launch(arbiter_bin, tmp_path, 1, "fork_join", timeout=60)
+    assert code == 0, log
+    assert "fork/join: child of rank 0: the child joined and ran: 5.0" in log, log
+    assert "fork/join: rank 0 ran on" in log, log
+
+
 def test_a_forked_child_cannot_use_or_abort_its_parents_communicator():
     # Its calls would pair with the parent's peers; its abort() would stop
     # the parent's communicator through the shared memory.

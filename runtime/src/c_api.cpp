@@ -301,7 +301,8 @@ std::shared_ptr<arbiter::Bootstrap> process_group(const arbiter::BootstrapOption
   static auto* group = new std::shared_ptr<arbiter::Bootstrap>();
   static std::optional<arbiter::ForkStamp> joined;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (*group && joined->forked()) {
+  // A world of one has no connections to share: its copy serves the child.
+  if (*group && (*group)->world_size() > 1 && joined->forked()) {
     const arbiter::BootstrapOptions& have = (*group)->options();
     throw arbiter::BootstrapError(
         ARBITER_INVALID_ARGUMENT,

@@ -1272,7 +1272,11 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
         const std::uint64_t bytes =
             Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
         const std::uint64_t capacity = impl_->capacity(backend, algorithm);
-        if (!unfused && bytes > capacity) {
+        // A registered input on its own backend is streamed by the module
+        // (decide() exempts it alike).
+        const RegisteredArea* area = impl_->registered_area(args.input);
+        const bool streamed = area != nullptr && area->backend == backend;
+        if (!unfused && !streamed && bytes > capacity) {
           result.status = ARBITER_UNSUPPORTED;
           result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
                          " workspace's " + std::string(algorithm_name(algorithm)) +

@@ -10,6 +10,10 @@
 //   --late-barrier R:MS rank R waits MS before its first barrier
 //   --stop-after R      rank R stops itself (SIGSTOP) right after joining:
 //                       alive, never answering
+//   --fork-child R      rank R forks right after joining; the child tries a
+//                       barrier on its copy of the group, prints "rank R
+//                       child: " and what it got, destroys the copy, and
+//                       exits; the parent waits for it, then goes on
 //   --leave-on-failure  a failed collective destroys the bootstrap (as a
 //                       program that unwinds would) before the rank reports
 //                       it, and says "rank K left" once that is done
@@ -18,6 +22,7 @@
 //                       launcher does not stop the others before they report
 //   --iterations N      rounds of checks (default 5)
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -77,7 +82,8 @@ void check(int rank, const arbiter::BootstrapStatus& status, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Fault delay, exit_before, sleep_instead, die_during, die_after, late_barrier, stop_after;
+  Fault delay, exit_before, sleep_instead, die_during, die_after, late_barrier, stop_after,
+      fork_child;
   long op_timeout_ms = 20000;
   int iterations = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -97,6 +103,8 @@ int main(int argc, char** argv) {
       late_barrier = parse_fault(value);
     } else if (flag == "--stop-after") {
       stop_after = parse_fault(value);
+    } else if (flag == "--fork-child") {
+      fork_child = parse_fault(value);
     } else if (flag == "--leave-on-failure") {
       g_leave_on_failure = std::string(value) == "1";
     } else if (flag == "--op-timeout") {
@@ -132,6 +140,20 @@ int main(int argc, char** argv) {
     const int world = bs.world_size();
     if (me == die_after.rank) std::_Exit(0);
     if (me == stop_after.rank) raise(SIGSTOP);
+    if (me == fork_child.rank) {
+      std::fflush(stdout);
+      const pid_t child = fork();
+      if (child == 0) {
+        {
+          arbiter::Bootstrap copy = std::move(bs);
+          const arbiter::BootstrapStatus s = copy.barrier(op_timeout);
+          std::printf("rank %d child: %s\n", rank, s.ok() ? "the barrier ran" : s.message.c_str());
+        }  // the copy's teardown must leave the parent's connections alone
+        std::fflush(stdout);
+        std::_Exit(0);
+      }
+      if (child < 0 || waitpid(child, nullptr, 0) != child) fail(rank, "fork/waitpid failed");
+    }
     if (bs.local_rank() != env_int("LOCAL_RANK")) fail(rank, "local_rank differs from LOCAL_RANK");
 
     for (int round = 0; round < iterations; ++round) {

@@ -170,6 +170,20 @@ BOOST_AUTO_TEST_CASE(a_stopped_peer_fails_the_collective_and_teardown_does_not_a
   }
 }
 
+// A forked child holds a copy of its parent's group: using it would mix its
+// messages into the parent's connections, and tearing it down would say
+// goodbye on them. Its collectives are refused at once, its teardown
+// touches nothing, and the job goes on.
+BOOST_AUTO_TEST_CASE(a_forked_child_cannot_use_or_tear_down_its_parents_group) {
+  const Run run = launch("--nproc 2 --timeout 60", "--fork-child 1 --op-timeout 5000");
+  expect_all_ok(run, 2);
+  BOOST_TEST(contains(run.result.output,
+                      "[rank 1] rank 1 child: bootstrap: this group was joined by process"),
+             run.result.output);
+  BOOST_TEST(contains(run.result.output, "which has since forked; a forked child cannot use it"),
+             run.result.output);
+}
+
 BOOST_AUTO_TEST_CASE(a_stranger_without_the_token_is_refused_and_the_job_completes) {
   const int port = arbiter::free_bootstrap_port();
   // The stranger claims rank 1 of a 2-rank job on the job's port; the real

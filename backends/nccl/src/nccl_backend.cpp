@@ -69,8 +69,9 @@ struct arbiter_workspace {
   uint32_t min_capability = 0;  // the lowest over the ranks
   int64_t timeout_ms = 0;
   // Destination of the sum when neither allreduce_out nor residual_out can
-  // take it (both are residual_in, or absent); messages larger than it run
-  // in chunks of whole tokens, on every rank alike.
+  // take it (both are residual_in, or absent), and where the epilogue keeps
+  // x when the caller gave no residual_out; messages larger than it run in
+  // chunks of whole tokens, on every rank alike.
   void* scratch = nullptr;
   uint64_t scratch_bytes = 0;
   // Set when NCCL reported an error: the communicator is aborted, never
@@ -510,15 +511,20 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     return report(error(ARBITER_INVALID_ARGUMENT, "run: workspace and args must not be NULL"));
   }
   const arbiter_allreduce_args& a = *args;
-  // abort() waits for NCCL calls on the communicator to end. Held around
-  // NCCL calls only: a launch of our own kernel can block while the stream
-  // is full behind an NCCL kernel that waits for a dead peer, and abort()
-  // must then still reach ncclCommAbort, which frees that kernel.
+  // abort() waits for NCCL calls on the communicator to end (NCCL allows
+  // one thread on a communicator at a time). Held around NCCL calls only: a
+  // launch of our own kernel can block while the stream is full behind an
+  // NCCL kernel that waits for a dead peer, and abort() must then still
+  // reach ncclCommAbort, which frees that kernel. A launch that blocks
+  // inside ncclAllReduce itself (NCCL launches on the caller's thread once
+  // connected) still holds abort() off until the stream drains.
   std::unique_lock<std::mutex> lock(ws->mutex);
-  const Status aborted = error(ARBITER_ABORTED,
-                               "the workspace was aborted (abort(): ncclCommAbort); destroy it "
-                               "and create a new one");
-  if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) return report(aborted);
+  const auto aborted = [] {
+    return report(error(ARBITER_ABORTED,
+                        "the workspace was aborted (abort(): ncclCommAbort); destroy it and "
+                        "create a new one"));
+  };
+  if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) return aborted();
   Status s = check_args(*ws, a);
   if (!s.ok()) return report(s);
   if (ws->broken) {
@@ -596,9 +602,7 @@ int32_t run_impl(arbiter_workspace* ws, const arbiter_allreduce_args* args, void
     const uint64_t n = std::min<uint64_t>(chunk_tokens, a.tokens - t0);
     if (!lock.owns_lock()) {
       lock.lock();
-      if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) {
-        return report(aborted);
-      }
+      if (ws->aborted.load(std::memory_order_acquire) || ws->comm == nullptr) return aborted();
     }
     const uint64_t off = t0 * row_bytes;
     if (single) {

@@ -122,16 +122,16 @@ struct Module {
     if (Status s = check_call(ws.layout, args, ws.capability, /*registered=*/true); !s.ok()) {
       return s;
     }
-    // Test-only, as in run().
-    if (common::FaultInjection::get().at("gpu.call.start", static_cast<int>(ws.rank), call)) {
-      return Status();
-    }
     const arbiter_allreduce_args& a = *args;
     const std::uint64_t row_bytes = std::uint64_t{a.hidden} * common::dtype_size(a.dtype);
     const std::uint64_t bytes = a.tokens * row_bytes;
     std::string why;
     const RegisteredAllocation* area = ws.registered.find(a.input, bytes, why);
     if (area == nullptr) return Status(ARBITER_INVALID_ARGUMENT, "trtllm run (registered): " + why);
+    // Test-only, as in run().
+    if (common::FaultInjection::get().at("gpu.call.start", static_cast<int>(ws.rank), call)) {
+      return Status();
+    }
     const auto launch_slice = [&](const arbiter_allreduce_args& slice) {
       const auto offset =
           static_cast<std::uint64_t>(static_cast<const char*>(slice.input) - area->local);

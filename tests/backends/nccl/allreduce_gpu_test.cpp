@@ -494,7 +494,8 @@ std::vector<Case> sweep() {
           c.allreduce_out = k % 4 == 1;
           c.in_place_residual = k % 4 == 2;
           c.no_residual = k % 6 == 5;      // odd k: never in place over residual_in
-          c.no_residual_out = k % 8 == 3;  // never in place (k % 4 == 2)
+          // With and without allreduce_out (k % 4 == 1); never in place.
+          c.no_residual_out = k % 8 == 1 || k % 8 == 3;
           c.norm_out = k % 5 != 3;
           c.pdl = k % 2 == 1;
           c.misaligned = k % 7 == 4;
@@ -529,6 +530,7 @@ std::vector<Case> nvfp4_sweep() {
           c.weight_bias = k % 3 == 1 ? 1.0f : 0.0f;
           c.allreduce_out = k % 4 == 1;
           c.in_place_residual = k % 4 == 2;
+          c.no_residual_out = k % 8 == 1 || k % 8 == 3;
           c.norm_out = k % 5 != 3;
           c.pdl = k % 2 == 1;
           cases.push_back(c);

@@ -189,15 +189,16 @@ static int32_t run_registered(arbiter_workspace* ws, const arbiter_allreduce_arg
 
 EXPORT const arbiter_backend_memory_v2_t arbiter_backend_v2_memory = {
     ARBITER_BACKEND_ABI_VERSION_MEMORY, 0, 64, alloc_memory, free_memory, run_registered};
+#define RECORDING_MAX_MESSAGE_BYTES max_message_bytes
 #else
-#define max_message_bytes 0
+#define RECORDING_MAX_MESSAGE_BYTES NULL
 #endif
 
 EXPORT const arbiter_backend_v1_t arbiter_backend_v1 = {ARBITER_BACKEND_ABI_VERSION,
                                                         RECORDING_NAME,
                                                         probe,
                                                         create,
-                                                        max_message_bytes,
+                                                        RECORDING_MAX_MESSAGE_BYTES,
                                                         run,
                                                         destroy,
                                                         last_error};

@@ -57,7 +57,7 @@ inline constexpr std::string_view kFaultSteps[] = {
     "shm.call.published",  // shm: this rank's first flag published, before it waits
     "shm.call.met",        // shm: every rank met (signatures equal), before the sums
     "shm.call.barrier2",   // shm two-shot and unfused: before the second barrier
-    "gpu.call.start",      // trtllm/mnnvl run(), before the launch
+    "gpu.call.start",      // trtllm/mnnvl run(), trtllm run_registered(): before the launch
 };
 
 enum class FaultAction { kNone, kKill, kExit, kStop, kHang, kSkip };

@@ -93,8 +93,9 @@ struct CallRules {
 // the fused modules' checks (common/call_checks.h): fp16/bf16, hidden % 16,
 // 16-byte aligned vectors, quant_out 4-byte aligned, scale_out required.
 // The other norm patterns take any element-aligned buffers (the kernel then
-// works element by element). Every norm pattern needs residual_out: the
-// kernel stores x there and reads it back for the norm.
+// works element by element). residual_out is optional: the kernel stores x
+// there, or in the workspace's scratch when it is NULL, and reads it back
+// for the norm.
 inline Status check_call(const CallRules& w, const arbiter_allreduce_args& a) {
   const auto n = [](auto v) { return std::to_string(v); };
   const std::int64_t p = common::raw_enum(a.pattern);
