@@ -493,7 +493,7 @@ std::vector<Case> sweep() {
           c.weight_bias = k % 3 == 1 ? 1.0f : 0.0f;
           c.allreduce_out = k % 4 == 1;
           c.in_place_residual = k % 4 == 2;
-          c.no_residual = k % 6 == 5;      // odd k: never in place over residual_in
+          c.no_residual = k % 6 == 5;  // odd k: never in place over residual_in
           // With and without allreduce_out (k % 4 == 1); never in place.
           c.no_residual_out = k % 8 == 1 || k % 8 == 3;
           c.norm_out = k % 5 != 3;

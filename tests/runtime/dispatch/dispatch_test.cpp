@@ -273,7 +273,9 @@ BOOST_AUTO_TEST_CASE(a_registered_call_above_the_workspace_capacity_runs_where_i
         auto made = comm.alloc_registered(bytes, &input);
         if (made.status != ARBITER_OK) throw std::runtime_error(made.error);
         // Never touched (the recording modules read and write nothing).
-        const auto buffer = [&] { return std::make_unique_for_overwrite<std::uint16_t[]>(bytes / 2); };
+        const auto buffer = [&] {
+          return std::make_unique_for_overwrite<std::uint16_t[]>(bytes / 2);
+        };
         const auto ordinary = buffer(), residual = buffer(), residual_out = buffer(),
                    norm_out = buffer();
         std::vector<std::uint16_t> gamma(kHidden);
