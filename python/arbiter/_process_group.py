@@ -8,7 +8,9 @@ vLLM's cpu_group): creation exchanges a few hundred bytes of host memory.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -48,16 +50,68 @@ class GroupOob:
 
     def allgather(self, data: bytes, timeout: float) -> list[bytes]:
         # gloo refuses empty tensors: a barrier's empty message travels as one byte.
-        send = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
-        parts = [torch.empty_like(send) for _ in range(self.size)]
-        work = dist.all_gather(parts, send, group=self.group, async_op=True)
+        # Not inference tensors: their views hold no reference to them (see _drained).
+        with torch.inference_mode(False):
+            send = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
+            parts = [torch.empty_like(send) for _ in range(self.size)]
+            tensors = [send, *parts]
+            anchors = [t.view(-1) for t in tensors]
+        held = [_use_count(t) for t in tensors]
+        work = None
         try:
+            work = dist.all_gather(parts, send, group=self.group, async_op=True)
             work.wait(timeout=datetime.timedelta(seconds=timeout))
         except RuntimeError as e:
             if "timed out" in str(e).lower() or "timeout" in str(e).lower():
                 raise TimeoutError(f"all_gather over the process group: {e}") from e
             raise
+        finally:
+            running = work is not None and not work.is_completed()
+            del work
+            if running or not _drained(tensors, held):
+                _strand(anchors)
         return [part.numpy().tobytes() if data else b"" for part in parts]
+
+
+# gloo's worker thread drops its references to a collective's tensors after
+# wait() returns. Since torch 2.10 a tensor's C++ side keeps a reference to its
+# Python object while C++ holds the tensor beside that object (refcount 2), and
+# drops it when that count falls back to 1, taking the GIL to do so: were gloo's
+# the drop from 2 to 1, gloo's thread would take the GIL, and once the
+# interpreter is finalizing taking it ends the thread inside a noexcept
+# destructor (SIGABRT at exit). Keeping the Python tensors alive does not help;
+# a view does: it holds its base from C++, so gloo's drop is never the one that
+# reaches 1 while the view lives. allgather frees the views only once gloo let
+# go, so the last drop is on this thread, with the GIL.
+_DRAIN_S = 5.0  # gloo lets go microseconds after the work completes
+
+
+def _use_count(tensor) -> int:
+    use_count = getattr(tensor, "_use_count", None)  # torch.utils.swap_tensors reads it too
+    return use_count() if use_count is not None else -1
+
+
+def _drained(tensors, held) -> bool:
+    """Whether nothing but allgather's own references holds `tensors` any more
+    (each back to its count in `held`), waiting up to _DRAIN_S for it."""
+    if -1 in held:
+        return False
+    deadline = time.monotonic() + _DRAIN_S
+    pause = 0.0
+    while any(_use_count(t) > n for t, n in zip(tensors, held)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)  # gloo's thread needs no GIL to let go (the views hold)
+        pause = min(pause * 2 or 1e-5, 1e-3)
+    return True
+
+
+def _strand(anchors) -> None:
+    """Never frees `anchors`, and so the tensors they hold, which gloo may
+    still hold too (a timed-out all_gather runs on): a module-level list would
+    be emptied at interpreter exit. Costs the few hundred bytes of one
+    exchange."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(anchors))
 
 
 def group_timeout(group) -> float | None:
