@@ -50,7 +50,7 @@ class GroupOob:
 
     def allgather(self, data: bytes, timeout: float) -> list[bytes]:
         # gloo refuses empty tensors: a barrier's empty message travels as one byte.
-        # Not inference tensors: their views hold no reference to them (see _drained).
+        # Not inference tensors: a view of one does not hold it (see _drained).
         with torch.inference_mode(False):
             send = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
             parts = [torch.empty_like(send) for _ in range(self.size)]
@@ -66,23 +66,15 @@ class GroupOob:
                 raise TimeoutError(f"all_gather over the process group: {e}") from e
             raise
         finally:
-            running = work is not None and not work.is_completed()
-            del work
-            if running or not _drained(tensors, held):
-                _strand(anchors)
+            if (work is None or work.is_completed()) and min(held) >= 2:
+                del work
+                if not _drained(tensors, held):
+                    _strand(anchors)
+            else:  # still running (timed out), or the views do not hold
+                _strand((work, anchors))
         return [part.numpy().tobytes() if data else b"" for part in parts]
 
 
-# gloo's worker thread drops its references to a collective's tensors after
-# wait() returns. Since torch 2.10 a tensor's C++ side keeps a reference to its
-# Python object while C++ holds the tensor beside that object (refcount 2), and
-# drops it when that count falls back to 1, taking the GIL to do so: were gloo's
-# the drop from 2 to 1, gloo's thread would take the GIL, and once the
-# interpreter is finalizing taking it ends the thread inside a noexcept
-# destructor (SIGABRT at exit). Keeping the Python tensors alive does not help;
-# a view does: it holds its base from C++, so gloo's drop is never the one that
-# reaches 1 while the view lives. allgather frees the views only once gloo let
-# go, so the last drop is on this thread, with the GIL.
 _DRAIN_S = 5.0  # gloo lets go microseconds after the work completes
 
 
@@ -92,10 +84,19 @@ def _use_count(tensor) -> int:
 
 
 def _drained(tensors, held) -> bool:
-    """Whether nothing but allgather's own references holds `tensors` any more
-    (each back to its count in `held`), waiting up to _DRAIN_S for it."""
-    if -1 in held:
-        return False
+    """Waits (up to _DRAIN_S) until nothing but allgather's own references
+    holds `tensors` (each back to its count in `held`); False if not.
+
+    gloo's worker thread drops its references to a collective's tensors after
+    wait() returns. Since torch 2.10 a tensor's C++ side holds its Python
+    object while C++ holds the tensor beside that object (refcount 2 and up),
+    and lets go when the count falls back to 1, taking the GIL: were gloo's
+    drop the one to 1, gloo's thread would take the GIL, and during interpreter
+    exit that ends the thread inside a noexcept destructor (SIGABRT, "terminate
+    called without an active exception"). Keeping the Python tensors alive
+    does not prevent it; the views do: each holds its tensor from C++, so
+    gloo's drop never reaches 1 while they live, and allgather frees them
+    (here, with the GIL) only once gloo let go."""
     deadline = time.monotonic() + _DRAIN_S
     pause = 0.0
     while any(_use_count(t) > n for t, n in zip(tensors, held)):
@@ -106,12 +107,11 @@ def _drained(tensors, held) -> bool:
     return True
 
 
-def _strand(anchors) -> None:
-    """Never frees `anchors`, and so the tensors they hold, which gloo may
-    still hold too (a timed-out all_gather runs on): a module-level list would
-    be emptied at interpreter exit. Costs the few hundred bytes of one
-    exchange."""
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(anchors))
+def _strand(obj) -> None:
+    """Never frees `obj`, and so the tensors it holds, which gloo's thread may
+    still hold (a timed-out all_gather runs on): a module-level list would be
+    emptied at interpreter exit. Costs the few hundred bytes of one exchange."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def group_timeout(group) -> float | None:
