@@ -267,7 +267,8 @@ BOOST_AUTO_TEST_CASE(a_registered_call_above_the_workspace_capacity_runs_where_i
         c.max_tokens = 1024;
         c.hidden = kHidden;
         c.timeout = std::chrono::seconds(30);
-        arbiter::Communicator comm(group.oob(r), policy, modules, c);
+        const arbiter_oob oob = group.oob(r);  // outlives the communicator
+        arbiter::Communicator comm(oob, policy, modules, c);
         void* input = nullptr;
         const std::uint64_t bytes = std::uint64_t{kTokens} * kHidden * 2;
         auto made = comm.alloc_registered(bytes, &input);
