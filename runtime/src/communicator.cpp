@@ -366,6 +366,13 @@ struct Communicator::Impl {
     }
     return nullptr;
   }
+  // Whether `input` lies in memory that backend `b` registered: its module
+  // streams such a call itself (run_registered), so no per-call capacity of
+  // its workspace bounds it.
+  bool streamed_by(const void* input, Backend b) const {
+    const RegisteredArea* area = registered_area(input);
+    return area != nullptr && area->backend == b;
+  }
   void forget_registered(const void* data) {
     std::lock_guard lock(g_registered_mutex);
     for (auto it = g_registered.begin(); it != g_registered.end(); ++it) {
@@ -999,17 +1006,16 @@ Decision Communicator::Impl::decide(const arbiter_allreduce_args& args,
   const Policy& chooser = pattern_policy[p];
   Request r = request_for(args, excluded);
   const Backend fallback = this->fallback();
-  const RegisteredArea* area = r.buffers_registered ? registered_area(args.input) : nullptr;
   for (int attempt = 0; attempt <= kBackendCount; ++attempt) {
     const Decision d = chooser.decide(r);
     // Never send a message larger than a fused workspace's per-call capacity;
     // the fallback instead runs it in slices (see run_in_slices). A
-    // registered input on its own backend has no such bound: the module
-    // streams it (run_registered), as large as the tables' registered cells
-    // let it be, while the workspace was sized from the copied ones.
+    // registered input on its own backend has no such bound, as large as the
+    // tables' registered cells let it be, while the workspace was sized from
+    // the copied ones.
     if (d.backend == Backend::kNone || d.backend == fallback ||
-        (area != nullptr && area->backend == d.backend) ||
-        r.message_bytes <= capacity(d.backend, d.algorithm)) {
+        r.message_bytes <= capacity(d.backend, d.algorithm) ||
+        (r.buffers_registered && streamed_by(args.input, d.backend))) {
       return d;
     }
     r.excluded_backends |= 1u << static_cast<int>(d.backend);
@@ -1272,11 +1278,7 @@ Communicator::Result Communicator::run_on(Backend backend, Algorithm algorithm,
         const std::uint64_t bytes =
             Request::message_bytes_of(args.tokens, args.hidden, static_cast<Dtype>(args.dtype));
         const std::uint64_t capacity = impl_->capacity(backend, algorithm);
-        // A registered input on its own backend is streamed by the module
-        // (decide() exempts it alike).
-        const RegisteredArea* area = impl_->registered_area(args.input);
-        const bool streamed = area != nullptr && area->backend == backend;
-        if (!unfused && !streamed && bytes > capacity) {
+        if (!unfused && bytes > capacity && !impl_->streamed_by(args.input, backend)) {
           result.status = ARBITER_UNSUPPORTED;
           result.error = "a message of " + std::to_string(bytes) + " bytes exceeds the " + name +
                          " workspace's " + std::string(algorithm_name(algorithm)) +
