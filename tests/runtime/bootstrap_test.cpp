@@ -243,26 +243,34 @@ BOOST_AUTO_TEST_CASE(a_taken_rank_and_another_world_size_are_refused_even_with_t
 
 BOOST_AUTO_TEST_CASE(a_second_rank_1_is_refused_at_once_and_rank_0_survives_it) {
   // Two processes claim rank 1 of a 2-rank job at the same moment (rounds 0
-  // to 2), or a third comes once the group is complete (round 3). Rank 0
-  // used to stop listening the moment the group was complete, rejecting the
-  // connection still in its handshake: UCX's TCP connection manager then
-  // crashed rank 0 (SIGSEGV in its async thread) in about 1 run of 3, and
-  // the loser waited out its whole timeout. Several rounds, as it was a race.
-  for (int round = 0; round < 4; ++round) {
-    const bool late = round == 3;
+  // and 1), or out of step while rank 0 starts late (rounds 2 and 3), or a
+  // third comes once the group is complete (round 4). Rank 0 used to stop
+  // listening the moment the group was complete, rejecting the connection
+  // still in its handshake: UCX's TCP connection manager then crashed rank
+  // 0 (SIGSEGV in its async thread) in about 1 run of 3, and the loser
+  // waited out its whole timeout. Later it stopped 50 ms after the last
+  // connection, while a client that had tried before rank 0 listened came
+  // back only up to 250 ms later: the loser of rounds 2 and 3 waited out
+  // its timeout in about 1 run of 2. Several rounds, as these are races.
+  for (int round = 0; round < 5; ++round) {
+    const bool late = round == 4;
+    const bool out_of_step = round == 2 || round == 3;
     const std::string common = "WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                                std::to_string(arbiter::free_bootstrap_port()) +
                                " ARBITER_JOB_TOKEN=t0k UCX_TLS=tcp,self UCX_NET_DEVICES=lo "
                                "ARBITER_BOOTSTRAP_TIMEOUT=20 ";
-    auto rank = [&](const std::string& env, const std::string& tag, const std::string& args) {
-      return "(" + clean_env(common + env) + kRank + " --iterations 1 --late-barrier 1:1500 " +
-             args + "; echo exit $?) 2>&1 | sed 's/^/" + tag + ": /' & ";
+    auto rank = [&](const std::string& env, const std::string& tag, const std::string& args,
+                    const std::string& pause = "") {
+      return "(" + pause + clean_env(common + env) + kRank +
+             " --iterations 1 --late-barrier 1:1500 " + args + "; echo exit $?) 2>&1 | sed 's/^/" +
+             tag + ": /' & ";
     };
     const std::string second =
-        late ? rank("RANK=1 ARBITER_BOOTSTRAP_TIMEOUT=3", "late", "--delay 1:1000")
-             : rank("RANK=1", "b", "");
-    const Run run =
-        timed("{ " + rank("RANK=0", "r0", "") + rank("RANK=1", "a", "") + second + "wait; }");
+        late          ? rank("RANK=1 ARBITER_BOOTSTRAP_TIMEOUT=3", "late", "--delay 1:1000")
+        : out_of_step ? rank("RANK=1", "b", "", round == 2 ? "sleep 0.1; " : "sleep 0.15; ")
+                      : rank("RANK=1", "b", "");
+    const std::string first = rank("RANK=0", "r0", out_of_step ? "--delay 0:700" : "");
+    const Run run = timed("{ " + first + rank("RANK=1", "a", "") + second + "wait; }");
     const std::string& out = run.result.output;
     BOOST_TEST_CONTEXT("round " << round << ":\n" << out) {
       BOOST_TEST(contains(out, "r0: rank 0 OK"));

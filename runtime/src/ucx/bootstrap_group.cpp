@@ -32,6 +32,14 @@ constexpr auto kRefusedLinger = std::chrono::seconds(1);
 constexpr auto kNotifyWait = std::chrono::milliseconds(300);
 // How long no connection may arrive before rank 0 stops listening.
 constexpr auto kSettle = std::chrono::milliseconds(50);
+// Longest pause between a client's tries to reach rank 0.
+constexpr auto kRetryCap = std::chrono::milliseconds(100);
+// Rank 0 listens at least this long once it started, even if the group is
+// complete sooner: a client that tried before rank 0 listened comes back
+// within kRetryCap, and a second RANK=1 among them must be told why it is
+// refused, not left to wait out its timeout. The rest is slack for a busy
+// host's scheduler.
+constexpr auto kListenAtLeast = 3 * kRetryCap;
 // How often rank 0 looks whether a port in TIME_WAIT is free again.
 constexpr auto kTimeWaitPoll = std::chrono::milliseconds(250);
 
@@ -361,7 +369,10 @@ void StarGroup::listen(Clock::time_point deadline) {
     time_wait = wait_out_time_wait(deadline - margin(options_.timeout));
     if (!time_wait) status = ucp_listener_create(worker_, &params, &listener_);
   }
-  if (status == UCS_OK) return;
+  if (status == UCS_OK) {
+    listening_since_ = Clock::now();
+    return;
+  }
   listener_ = nullptr;
   if (status == UCS_ERR_BUSY && time_wait) {
     throw BootstrapError(ARBITER_UNAVAILABLE,
@@ -394,7 +405,7 @@ StarGroup::~StarGroup() {
     leave();
     for (auto& conn : conns_) close(conn.get(), true);
     drain_closes(Clock::now() + std::chrono::seconds(1));
-    stop_listening();  // a join that failed: strangers may still come
+    stop_listening(Clock::now());  // a join that failed: strangers may still come
     // Sends to force-closed endpoints complete with an error; whatever is
     // still pending (a send, or a close that a stopped peer never let
     // finish) is released to UCX, which frees it with the worker: a request
@@ -512,19 +523,21 @@ void StarGroup::join_as_server(Clock::time_point deadline) {
   // Stop listening: UCX 1.13's TCP connection manager aborts the process on
   // malformed bytes sent to the port, so the port is open no longer than
   // the join needs. A second RANK=1 started beside the first is still in
-  // its handshake now: it is answered (refused) before the listener goes.
-  stop_listening();
+  // its handshake now, or comes back within kRetryCap if it tried before
+  // rank 0 listened: it is answered (refused) before the listener goes.
+  stop_listening(listening_since_ + kListenAtLeast);
 }
 
-// Progresses until no connection has arrived for kSettle (at most
-// kLeaveWait), refusing and closing strangers, then destroys the listener.
+// Progresses until no connection has arrived for kSettle, and not before
+// `not_before` (at most kLeaveWait past either), refusing and closing
+// strangers, then destroys the listener.
 // Destroying it rejects what UCX holds undelivered, and a rejected request
 // crashes UCX's TCP connection manager when the client answers
 // (openucx/ucx#11235; Debian 12's UCX 1.13 has it); the settling makes that
 // a connection started in the microseconds before the destroy.
-void StarGroup::stop_listening() {
+void StarGroup::stop_listening(Clock::time_point not_before) {
   if (listener_ == nullptr) return;
-  const Clock::time_point until = Clock::now() + kLeaveWait;
+  const Clock::time_point until = std::max(Clock::now(), not_before) + kLeaveWait;
   Clock::time_point quiet_since = Clock::now();
   std::size_t seen = conns_.size();
   bool answered = false;
@@ -543,7 +556,8 @@ void StarGroup::stop_listening() {
       });
       if (answered) wait_until([&] { return in_flight_.empty(); }, Clock::now() + kNotifyWait);
     }
-    if (answered && Clock::now() - quiet_since >= kSettle) break;
+    const Clock::time_point now = Clock::now();
+    if (answered && now - quiet_since >= kSettle && now >= not_before) break;
   }
   ucp_listener_destroy(listener_);
   listener_ = nullptr;
@@ -611,7 +625,7 @@ void StarGroup::join_as_client(Clock::time_point deadline) {
     }
     // Rank 0 may simply not listen yet: try again a little later.
     wait_until([] { return false; }, Clock::now() + backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
+    backoff = std::min<std::chrono::milliseconds>(backoff * 2, kRetryCap);
   }
   Conn* master = by_rank_[0];
   std::unique_ptr<Inbound> answer;

@@ -62,7 +62,7 @@ class StarGroup {
   explicit StarGroup(const BootstrapOptions& options);
   void init_ucx();
   void listen(Clock::time_point deadline);
-  void stop_listening();
+  void stop_listening(Clock::time_point not_before);
   bool wait_out_time_wait(Clock::time_point deadline);
   void join_as_server(Clock::time_point deadline);
   void join_as_client(Clock::time_point deadline);
@@ -117,6 +117,7 @@ class StarGroup {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
+  Clock::time_point listening_since_;  // rank 0: when listen() succeeded
   int event_fd_ = -1;
 
   std::vector<std::unique_ptr<Conn>> conns_;  // every connection ever made; never shrinks
