@@ -35,6 +35,9 @@ pytest.importorskip("numpy")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "faults_worker.py")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(arbiter.__file__)))
+# "At once": far below the workers' 20 s deadline, so a call that waited on a
+# peer still fails the check, and above the stalls a busy 2-core host gives.
+AT_ONCE = 0.5
 
 
 def free_port() -> int:
@@ -103,7 +106,7 @@ def test_a_rank_killed_between_calls_is_named_within_a_second(tmp_path):
         assert failed["status"] == Status.PEER_FAILED, rec
         assert "rank 2 died" in failed["message"], failed
         assert failed["seconds"] <= 1.0, failed
-        assert rec["next"]["status"] == Status.PEER_FAILED and rec["next"]["seconds"] < 0.05, rec
+        assert rec["next"]["status"] == Status.PEER_FAILED and rec["next"]["seconds"] < AT_ONCE, rec
         assert rec["close_seconds"] < 0.5, rec
         assert rec["survivors"] == "ok", rec
     assert shm_objects() <= before
@@ -116,13 +119,13 @@ def test_abort_from_another_thread_returns_the_call_and_its_peers(tmp_path):
         assert "exception" not in rec, rec
     aborted = records[0]["abort_at"]
     assert records[0]["failed"]["status"] == Status.ABORTED, records[0]
-    assert records[0]["returned_at"] - aborted <= 0.1, records[0]
+    assert records[0]["returned_at"] - aborted <= AT_ONCE, records[0]
     assert records[1]["failed"]["status"] == Status.PEER_FAILED, records[1]
     assert "rank 0 aborted" in records[1]["failed"]["message"], records[1]
     assert records[1]["returned_at"] - aborted <= 1.0, records[1]
     assert records[2]["failed"]["status"] == Status.PEER_FAILED, records[2]
     for rec in records:
-        assert rec["next"]["status"] != 0 and rec["next"]["seconds"] < 0.05, rec
+        assert rec["next"]["status"] != 0 and rec["next"]["seconds"] < AT_ONCE, rec
         assert rec["close_seconds"] < 0.5, rec
     assert shm_objects() <= before
 

@@ -104,7 +104,7 @@ BOOST_AUTO_TEST_CASE(a_rank_exiting_before_it_joins_stops_the_job_at_once) {
 BOOST_AUTO_TEST_CASE(a_rank_dying_while_joining_is_named_by_rank_0) {
   // Rank 2 joins, then vanishes (exit 0, so only the bootstrap can notice)
   // while rank 0 still waits for the late rank 1.
-  const Run run = launch("--nproc 3 --timeout 60", "--delay 1:4000 --die-during 2:1000",
+  const Run run = launch("--nproc 3 --timeout 60", "--delay 1:8000 --die-during 2:3000",
                          "ARBITER_BOOTSTRAP_TIMEOUT=30");
   BOOST_TEST(run.result.exit_code == 1, run.result.output);
   BOOST_TEST(contains(run.result.output, "rank 2 disconnected while waiting for the others"),
@@ -131,18 +131,18 @@ BOOST_AUTO_TEST_CASE(a_rank_dying_after_joining_fails_the_others_naming_it) {
 
 BOOST_AUTO_TEST_CASE(a_rank_that_never_arrives_is_named_when_the_deadline_passes) {
   const Run run =
-      launch("--nproc 3 --timeout 60", "--sleep-instead 2", "ARBITER_BOOTSTRAP_TIMEOUT=2");
+      launch("--nproc 3 --timeout 60", "--sleep-instead 2", "ARBITER_BOOTSTRAP_TIMEOUT=4");
   BOOST_TEST(run.result.exit_code == 1, run.result.output);
-  BOOST_TEST(contains(run.result.output, "rank 2 did not connect within 2 s"), run.result.output);
-  BOOST_TEST(run.seconds < 8, "took " << run.seconds << " s, the deadline is 2 s");
+  BOOST_TEST(contains(run.result.output, "rank 2 did not connect within 4 s"), run.result.output);
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s, the deadline is 4 s");
 }
 
 BOOST_AUTO_TEST_CASE(a_rank_late_for_a_collective_is_named) {
-  const Run run = launch("--nproc 3 --timeout 60", "--late-barrier 1:5000 --op-timeout 1000");
+  const Run run = launch("--nproc 3 --timeout 60", "--late-barrier 1:15000 --op-timeout 1000");
   BOOST_TEST(run.result.exit_code == 1, run.result.output);
   BOOST_TEST(contains(run.result.output, "rank 1 did not reach barrier (call #4) within 1 s"),
              run.result.output);
-  BOOST_TEST(run.seconds < 4.5, "took " << run.seconds << " s, the deadline is 1 s");
+  BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s, the deadline is 1 s");
 }
 
 // A peer that stops (SIGSTOP) after joining is alive and never answers:
@@ -196,7 +196,7 @@ BOOST_AUTO_TEST_CASE(a_stranger_without_the_token_is_refused_and_the_job_complet
       kRank;
   const std::string job = clean_env("") + ARBITER_BIN +
                           " launch --nproc 2 --timeout 60 --bootstrap-port " +
-                          std::to_string(port) + " -- " + kRank + " --delay 1:2500";
+                          std::to_string(port) + " -- " + kRank + " --delay 1:4000";
   const Run run = timed("{ (" + stranger + "; echo exit $?) 2>&1 | sed 's/^/stranger: /' & " + job +
                         "; echo job exit $?; wait; }");
   const std::string& out = run.result.output;
@@ -231,11 +231,15 @@ BOOST_AUTO_TEST_CASE(a_taken_rank_and_another_world_size_are_refused_even_with_t
                         rank("RANK=2", "r2", "--delay 2:2500") + "wait; }");
   const std::string& out = run.result.output;
   BOOST_TEST(contains(out, "r0: rank 0 OK"), out);
-  BOOST_TEST(contains(out, "r1: rank 1 OK"), out);
   BOOST_TEST(contains(out, "r2: rank 2 OK"), out);
-  BOOST_TEST(contains(out, "dup: rank 1 FAILED: bootstrap: rank 0 at 127.0.0.1:"), out);
+  // "dup" normally comes second; if rank 0 started listening only after
+  // both tried, either may win, and the other is refused all the same.
+  const bool dup_won = contains(out, "dup: rank 1 OK");
+  const std::string loser = dup_won ? "r1" : "dup";
+  BOOST_TEST(contains(out, "r1: rank 1 OK") != dup_won, out);
+  BOOST_TEST(contains(out, loser + ": rank 1 FAILED: bootstrap: rank 0 at 127.0.0.1:"), out);
   BOOST_TEST(contains(out, "refused rank 1: rank 1 is already connected (from 127.0.0.1:"), out);
-  BOOST_TEST(contains(out, "dup: exit 1"), out);
+  BOOST_TEST(contains(out, loser + ": exit 1"), out);
   BOOST_TEST(contains(out, "refused rank 2: its WORLD_SIZE is 4, rank 0's is 3"), out);
   BOOST_TEST(contains(out, "ws4: exit 1"), out);
   BOOST_TEST(run.seconds < 10, "took " << run.seconds << " s");
@@ -266,7 +270,7 @@ BOOST_AUTO_TEST_CASE(a_second_rank_1_is_refused_at_once_and_rank_0_survives_it) 
              tag + ": /' & ";
     };
     const std::string second =
-        late          ? rank("RANK=1 ARBITER_BOOTSTRAP_TIMEOUT=3", "late", "--delay 1:1000")
+        late          ? rank("RANK=1 ARBITER_BOOTSTRAP_TIMEOUT=3", "late", "--delay 1:2500")
         : out_of_step ? rank("RANK=1", "b", "", round == 2 ? "sleep 0.1; " : "sleep 0.15; ")
                       : rank("RANK=1", "b", "");
     const std::string first = rank("RANK=0", "r0", out_of_step ? "--delay 0:700" : "");
@@ -361,7 +365,7 @@ BOOST_AUTO_TEST_CASE(a_port_an_earlier_run_left_in_time_wait_is_reused_or_named)
   const std::uint16_t held_port = arbiter::free_bootstrap_port();
   leave_time_wait(held_port);
   const Run held = launch("--nproc 2 --timeout 60 --bootstrap-port " + std::to_string(held_port),
-                          "--iterations 1", "ARBITER_BOOTSTRAP_TIMEOUT=3");
+                          "--iterations 1", "ARBITER_BOOTSTRAP_TIMEOUT=5");
   const std::string& out = held.result.output;
   BOOST_TEST(held.result.exit_code == 1, out);
   BOOST_TEST(contains(out, "rank 0: port " + std::to_string(held_port) +

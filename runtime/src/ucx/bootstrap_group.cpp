@@ -39,7 +39,7 @@ constexpr auto kRetryCap = std::chrono::milliseconds(100);
 // within kRetryCap, and a second RANK=1 among them must be told why it is
 // refused, not left to wait out its timeout. The rest is slack for a busy
 // host's scheduler.
-constexpr auto kListenAtLeast = 3 * kRetryCap;
+constexpr auto kListenAtLeast = 5 * kRetryCap;
 // How often rank 0 looks whether a port in TIME_WAIT is free again.
 constexpr auto kTimeWaitPoll = std::chrono::milliseconds(250);
 
