@@ -1,5 +1,6 @@
 #include "arbiter/size.h"
 
+#include <bit>
 #include <cctype>
 #include <string>
 
@@ -11,6 +12,40 @@ struct Unit {
   std::uint64_t bytes;
 };
 constexpr Unit kUnits[] = {{"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}, {"B", 1}};
+static_assert(std::has_single_bit(kTiB) && std::has_single_bit(kKiB) && kTiB == kMaxSizeBytes,
+              "scaled() takes units that are powers of two");
+
+// mantissa / 10^frac_digits * unit in bytes, exactly and without overflow:
+// a 30-digit mantissa times 1 TiB does not fit in 128 bits, and wrapping
+// turned such a size into a small plausible one. The whole part is checked
+// against the limit first; the fraction's 10^f is 5^f * 2^f, and the unit a
+// power of two, so the fives must divide it and the twos become a shift.
+struct Scaled {
+  enum Kind { kWhole, kFraction, kTooLarge } kind;
+  std::uint64_t bytes;
+};
+Scaled scaled(unsigned __int128 mantissa, int frac_digits, std::uint64_t unit) {
+  unsigned __int128 tens = 1, fives = 1;
+  for (int k = 0; k < frac_digits; ++k) {
+    tens *= 10;  // 10^30 < 2^100
+    fives *= 5;
+  }
+  const unsigned __int128 whole = mantissa / tens, rest = mantissa % tens;
+  const std::uint64_t most = kMaxSizeBytes / unit;  // exact: both powers of two
+  if (whole > most || (whole == most && rest != 0)) return {Scaled::kTooLarge, 0};
+  if (rest % fives != 0) return {Scaled::kFraction, 0};
+  unsigned __int128 part = rest / fives;  // < 2^frac_digits
+  const int shift = std::countr_zero(unit) - frac_digits;
+  if (shift < 0) {
+    if ((part & ((static_cast<unsigned __int128>(1) << -shift) - 1)) != 0) {
+      return {Scaled::kFraction, 0};
+    }
+    part >>= -shift;
+  } else {
+    part <<= shift;  // < 2^(frac_digits + shift) <= unit
+  }
+  return {Scaled::kWhole, static_cast<std::uint64_t>(whole * unit + part)};
+}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) {
@@ -32,12 +67,10 @@ std::string lower(std::string_view s) {
 // write the one that was meant.
 std::string bare_fraction_error(std::string_view s, unsigned __int128 mantissa, int frac_digits) {
   const std::string number(s);
-  unsigned __int128 scale = 1;
-  for (int k = 0; k < frac_digits; ++k) scale *= 10;
   std::string fix = "write " + number + "MiB";
-  const unsigned __int128 numerator = mantissa * kMiB;
-  if (numerator % scale == 0 && numerator / scale > 0 && numerator / scale <= kMaxSizeBytes) {
-    fix += " or " + std::to_string(static_cast<std::uint64_t>(numerator / scale));
+  const Scaled as_mib = scaled(mantissa, frac_digits, kMiB);
+  if (as_mib.kind == Scaled::kWhole && as_mib.bytes > 0) {
+    fix += " or " + std::to_string(as_mib.bytes);
   }
   return "size '" + number + "': " + number +
          " what? in the tables a bare number is MiB; on the command line a bare number is bytes "
@@ -110,7 +143,9 @@ Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
       if (lu == "kb" || lu == "mb" || lu == "gb" || lu == "tb" || lu == "k" || lu == "m" ||
           lu == "g") {
         why += "; sizes are binary: write KiB, MiB or GiB";
-      } else if (lu.starts_with("e")) {
+      } else if (lu.size() > 1 && lu[0] == 'e' &&
+                 (std::isdigit(static_cast<unsigned char>(lu[1])) || lu[1] == '+' ||
+                  lu[1] == '-')) {  // "1e6", not "EiB"
         why += "; exponents are not accepted: write the size with a unit, e.g. 64MiB";
       } else {
         why += "; known units: B, KiB, MiB, GiB, TiB";
@@ -118,20 +153,17 @@ Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
       return fail(why);
     }
   }
-  unsigned __int128 scale = 1;
-  for (int k = 0; k < frac_digits; ++k) scale *= 10;
-  const unsigned __int128 numerator = mantissa * unit;
-  if (numerator % scale != 0) {
+  const Scaled bytes = scaled(mantissa, frac_digits, unit);
+  if (bytes.kind == Scaled::kFraction) {
     return fail("size " + quoted + " is not a whole number of bytes");
   }
-  const unsigned __int128 bytes = numerator / scale;
-  if (bytes == 0) {
-    return fail("size " + quoted + " is zero");
-  }
-  if (bytes > kMaxSizeBytes) {
+  if (bytes.kind == Scaled::kTooLarge) {
     return fail("size " + quoted + " is above 1 TiB, which is not a plausible message size");
   }
-  return {static_cast<std::uint64_t>(bytes), {}};
+  if (bytes.bytes == 0) {
+    return fail("size " + quoted + " is zero");
+  }
+  return {bytes.bytes, {}};
 }
 
 Parsed<std::uint64_t> parse_size_string(std::string_view text) {

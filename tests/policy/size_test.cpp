@@ -81,6 +81,43 @@ BOOST_AUTO_TEST_CASE(bad_sizes_are_rejected_with_a_reason) {
   }
 }
 
+// Thirty digits times a TiB do not fit in 128 bits: such a size used to
+// wrap around to a small plausible one (64 MiB, 1 TiB) and be taken. It is
+// computed exactly now, however many digits it has.
+BOOST_AUTO_TEST_CASE(long_sizes_are_computed_exactly_not_wrapped) {
+  for (const char* text : {"3094850098213.45074828296681TiB", "309485009821345068724781057TiB",
+                           "999999999999999999999999999999TiB", "999999999999999999999999999999"}) {
+    BOOST_TEST_CONTEXT("size '" << text << "'") {
+      const Parsed<std::uint64_t> r = parse_size(text, true);
+      BOOST_TEST(!r.value.has_value(), "parsed as " << r.value.value_or(0));
+      BOOST_TEST(r.error.find("1 TiB") != std::string::npos, r.error);
+      BOOST_TEST(!parse_size(text, false).value.has_value());
+    }
+  }
+  // Thirty digits that do name a plausible size still parse: 0.5 TiB
+  // spelled with trailing zeros, and 1 TiB less 2 KiB as (2^29 - 1) / 2^29
+  // of a TiB.
+  BOOST_TEST(parse_size("0.50000000000000000000000000000TiB", true).value.value_or(0) == kTiB / 2);
+  BOOST_TEST(parse_size("0.99999999813735485076904296875TiB", true).value.value_or(0) ==
+             kTiB - 2 * kKiB);
+  BOOST_TEST(parse_size("0.12345678901234567890123456789TiB", true).error.find("whole number") !=
+             std::string::npos);
+  // "0.500…0" on the command line: both readings offered, exactly.
+  BOOST_TEST(parse_size("0.50000000000000000000000000000", false).error.find("or 524288") !=
+             std::string::npos);
+}
+
+// Units above TiB are not units here; only "1e6"-like text is an exponent.
+BOOST_AUTO_TEST_CASE(large_units_are_not_called_exponents) {
+  for (const char* text : {"20EiB", "1EB", "2PiB"}) {
+    const std::string error = parse_size(text, false).error;
+    BOOST_TEST(error.find("exponent") == std::string::npos, error);
+    BOOST_TEST(error.find("known units: B, KiB, MiB, GiB, TiB") != std::string::npos, error);
+  }
+  BOOST_TEST(parse_size("1e6", false).error.find("exponent") != std::string::npos);
+  BOOST_TEST(parse_size("1E+06", false).error.find("exponent") != std::string::npos);
+}
+
 // FORMAT.md: a plain number is MiB; a string carries its unit. A quoted
 // number is a string without one, and is rejected rather than read as MiB.
 BOOST_AUTO_TEST_CASE(quoted_sizes_need_a_unit) {
