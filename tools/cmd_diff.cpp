@@ -4,7 +4,10 @@
 // Every decision depends on (capability, world size, nodes, pattern, dtype,
 // topology, residual, buffers, whether the call has fewer tokens than ranks,
 // size). The capabilities and world sizes worth visiting are those with a
-// cell in either table (any other falls back in both); nodes are 1, every
+// cell in either table, and, for the calls no cell covers (they fall back,
+// but which backend takes them is up to the backends' rules), one of each
+// kind the rules of either table tell apart: world sizes by the backends'
+// world_sizes, capabilities by their min_capability. Nodes are 1, every
 // nodes key in a cell, and one multi-node count that no cell names (all such
 // counts decide alike); each with NVLink and multicast, NVLink alone, and
 // neither (a backend's needs_* rules tell them apart). Within each, sizes
@@ -89,6 +92,58 @@ std::string names_text(const std::set<int>& items, int count, bool pattern) {
   return s;
 }
 
+// "3, 5-7, 9-1024"
+std::string ranges_text(const std::vector<std::uint32_t>& sorted) {
+  std::string s;
+  for (std::size_t i = 0; i < sorted.size();) {
+    std::size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(sorted[i]);
+    if (j > i) s += "-" + std::to_string(sorted[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+// What the backends' rules of both tables say of a world size: whether each
+// backend may take it. World sizes alike here, and without a cell, decide
+// alike.
+std::string world_size_kind(const Policy& a, const Policy& b, std::uint32_t ws) {
+  std::string kind(1, ws == 1 ? '1' : 'n');  // one rank: no few-tokens variant
+  for (const Policy* p : {&a, &b}) {
+    for (const BackendRules& rules : p->tables().backends) {
+      kind += rules.world_sizes.none() || rules.world_sizes.test(ws) ? '+' : '-';
+    }
+  }
+  return kind;
+}
+
+// GPU capabilities worth a visit without a cell: one per kind that the
+// min_capability rules of both tables tell apart, with the capabilities it
+// stands for.
+std::map<std::uint16_t, std::vector<std::uint32_t>> capability_kinds(
+    const Policy& a, const Policy& b, const std::set<std::uint16_t>& with_cells) {
+  std::set<std::uint16_t> thresholds;
+  for (const Policy* p : {&a, &b}) {
+    for (const BackendRules& rules : p->tables().backends) {
+      for (std::uint16_t t : rules.min_capability) {
+        if (t != 0) thresholds.insert(t);
+      }
+    }
+  }
+  std::map<std::vector<bool>, std::vector<std::uint32_t>> kinds;
+  for (std::uint32_t code = Capability::kMinSm; code <= Capability::kMaxSm; ++code) {
+    if (with_cells.count(static_cast<std::uint16_t>(code))) continue;
+    std::vector<bool> kind;
+    for (std::uint16_t t : thresholds) kind.push_back(code >= t);
+    kinds[kind].push_back(code);
+  }
+  std::map<std::uint16_t, std::vector<std::uint32_t>> out;
+  for (auto& [kind, codes] : kinds) out[static_cast<std::uint16_t>(codes.front())] = codes;
+  return out;
+}
+
 }  // namespace
 
 int cmd_diff(const Args& args) {
@@ -126,19 +181,46 @@ int cmd_diff(const Args& args) {
   const Policy& a = *policies[0];
   const Policy& b = *policies[1];
 
-  std::set<std::pair<std::uint16_t, std::uint32_t>> shapes;  // (capability, ws)
+  // (capability, ws) -> the world sizes it stands for ("" : itself, a cell's)
+  std::map<std::pair<std::uint16_t, std::uint32_t>, std::string> shapes;
   std::set<std::uint32_t> keyed_nodes;
+  std::map<std::uint16_t, std::set<std::uint32_t>> cell_world_sizes;  // by capability
   for (const Policy* p : {&a, &b}) {
     for (const auto* cells : {&p->tables().fusion, &p->tables().oneshot}) {
       for (const Cell& c : *cells) {
-        shapes.insert({c.key.capability.code(), c.key.world_size});
+        shapes[{c.key.capability.code(), c.key.world_size}];
+        cell_world_sizes[c.key.capability.code()].insert(c.key.world_size);
         if (c.key.nodes > 1) keyed_nodes.insert(c.key.nodes);
       }
     }
   }
+  // The calls no cell covers: one world size of each kind per capability.
+  std::set<std::uint16_t> capabilities = {0};  // cpu
+  std::set<std::uint16_t> gpu_with_cells;
+  for (const auto& [code, sizes] : cell_world_sizes) {
+    capabilities.insert(code);
+    if (code != 0) gpu_with_cells.insert(code);
+  }
+  std::map<std::uint16_t, std::string> capability_stands_for;
+  for (const auto& [code, codes] : capability_kinds(a, b, gpu_with_cells)) {
+    capabilities.insert(code);
+    if (codes.size() > 1) capability_stands_for[code] = " (as for " + ranges_text(codes) + ")";
+  }
+  for (std::uint16_t code : capabilities) {
+    std::map<std::string, std::vector<std::uint32_t>> kinds;
+    const std::set<std::uint32_t>& named = cell_world_sizes[code];
+    for (std::uint32_t ws = 1; ws <= kMaxWorldSize; ++ws) {
+      if (!named.count(ws)) kinds[world_size_kind(a, b, ws)].push_back(ws);
+    }
+    for (const auto& [kind, sizes] : kinds) {
+      shapes[{code, sizes.front()}] =
+          sizes.size() == 1 ? "no cell" : "no cell; as for world sizes " + ranges_text(sizes);
+    }
+  }
   const std::uint64_t to = kMaxSizeBytes;
   int differing = 0;
-  for (auto [code, ws] : shapes) {
+  for (const auto& [shape, stands_for] : shapes) {
+    const auto [code, ws] = shape;
     const Capability cap = code == 0 ? Capability::cpu() : Capability::sm(code);
     std::vector<std::uint32_t> node_counts = {1};
     if (!cap.is_cpu()) {
@@ -209,7 +291,9 @@ int cmd_diff(const Args& args) {
             // A variant where the plain call's differences vanish is shown,
             // but it is not a group of decisions that differ.
             if (text != kNoDifference) ++differing;
-            std::cout << "capability " << capability_name(cap) << ", world size " << ws << ", "
+            std::cout << "capability " << capability_name(cap) << capability_stands_for[code]
+                      << ", world size " << ws
+                      << (stands_for.empty() ? "" : " (" + stands_for + ")") << ", "
                       << topology_text(topology) << ", " << names_text(pts, kPatternCount, true)
                       << ", " << names_text(dts, kDtypeCount, false)
                       << (variant != kFewTokens && (variant & 1) ? ", residual replicated" : "")

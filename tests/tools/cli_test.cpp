@@ -319,6 +319,30 @@ BOOST_AUTO_TEST_CASE(diff_sees_every_topology_and_calls_of_fewer_tokens_than_ran
   std::remove(site.c_str());
 }
 
+// Calls that no cell covers fall back, but to which backend is the rules'
+// business: narrowing the fallback's world sizes leaves them with none.
+// diff visited only shapes with a cell and said "no decision differs".
+BOOST_AUTO_TEST_CASE(diff_sees_calls_no_cell_covers) {
+  const std::string site = "cli_test_diff_uncovered.yaml";
+  std::ofstream(site) << "format: 1\nbackends:\n  nccl:\n    world_sizes: [2, 4, 8, 16]\n";
+  CommandResult r = run_arbiter("diff preset:default " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "world size 3 (no cell; as for world sizes 3, 5-7, 9-15, 17-63)"),
+             r.output);
+  BOOST_TEST(contains(r.output, "nccl native unfused (no fusion entry)  ->  no backend"), r.output);
+  BOOST_TEST(contains(r.output, "world size 65 (no cell; as for world sizes 65-1024)"), r.output);
+  // A capability without cells stands for those its rules treat alike.
+  BOOST_TEST(contains(r.output, "capability 50 (as for 50-89, 91-99), world size 3"), r.output);
+  // One rank on a CPU.
+  std::ofstream(site) << "format: 1\nbackends:\n  shm:\n    world_sizes: {min: 2, max: 63}\n";
+  r = run_arbiter("diff preset:default " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "capability cpu, world size 1 (no cell), 1 node"), r.output);
+  BOOST_TEST(contains(r.output, "shm native unfused (no fusion entry)  ->  no backend"), r.output);
+  BOOST_TEST(contains(r.output, "1 group(s) of decisions differ"), r.output);
+  std::remove(site.c_str());
+}
+
 // The replicated residual: decide, show and diff see the cells keyed by it.
 BOOST_AUTO_TEST_CASE(a_replicated_residual_is_a_request_dimension_in_every_command) {
   const std::string site = shell_quote(data_path("good/residual_replicated.yaml"));
