@@ -357,13 +357,15 @@ ARBITER_SHM_VECTOR_TARGET void token_epilogue(const arbiter_allreduce_args& args
   Lanes::spill<kDtype>(squares, partial);
   for (i = whole; i < hidden; ++i) {
     const float sum = common::rounded_to<kDtype>(element_sum<kDtype>(source, base + i));
-    if (allreduce_out != nullptr) {
-      allreduce_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(sum));
-    }
+    // The residual is read before any output is written: allreduce_out may
+    // be residual_in itself (an in-place call the ABI allows).
     const float x =
         residual_in == nullptr
             ? sum
             : common::rounded_to<kDtype>(sum + common::dtype_bits_to_float(residual_in[i], kDtype));
+    if (allreduce_out != nullptr) {
+      allreduce_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(sum));
+    }
     if (residual_out != nullptr)
       residual_out[i] = static_cast<B>(common::to_storage_bits<kDtype>(x));
     row[i] = x;

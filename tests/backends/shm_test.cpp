@@ -602,82 +602,86 @@ BOOST_AUTO_TEST_CASE(inputs_full_of_negative_zero_and_subnormals_do_not_hang) {
 // rank and writes nothing.
 std::string in_place_calls(int rank, const arbiter_oob& oob) {
   const auto& module = shm();
-  constexpr std::uint32_t kTokens = 7, kHidden = 1024;
-  for (arbiter_dtype dtype : {ARBITER_DTYPE_FP32, ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16}) {
-    const arbiter_workspace_spec spec =
-        make_spec(oob, dtype, std::uint64_t{kTokens} * kHidden * dtype_size(dtype));
-    arbiter_workspace* workspace = nullptr;
-    if (module.workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
-      return std::string("workspace_create: ") + module.last_error();
-    }
-    Buffers b(dtype, kTokens, kHidden);
-    Buffers::fill(b.input, dtype, b.count(), 7 + rank, 0.0f);
-    Buffers::fill(b.residual, dtype, b.count(), 5, 0.0f);
-    Buffers::fill(b.gamma, dtype, kHidden, 3, 1.0f);
-    for (const Method& method : kMethods) {
-      const arbiter_algorithm algorithm = method.algorithm;
-      for (std::size_t l = 0; l < std::size(arbiter::test::kInPlaceLayouts); ++l) {
-        const arbiter::test::InPlaceLayout& layout = arbiter::test::kInPlaceLayouts[l];
-        const std::string where = std::string(dtype_name(dtype)) + " " + method_name(method) +
-                                  " layout " + std::to_string(l);
-        const Variant separate{layout.pattern, layout.allreduce_out != Place::kNone,
-                               layout.norm_out != Place::kNone, 0.0f};
-        b.poison();
-        arbiter_allreduce_args args = make_args(b, separate, algorithm);
-        args.flags = method.flags;
-        if (layout.residual_out == Place::kNone) args.residual_out = nullptr;
-        if (module.run(workspace, &args, nullptr) != ARBITER_OK) {
-          return where + " (separate buffers): " + module.last_error();
-        }
-        std::vector<std::byte> input = b.input;
-        std::vector<std::byte> residual = b.residual;
-        auto place = [&](Place p, std::vector<std::byte>& own) {
-          return arbiter::test::place_output(p, own.data(), input.data(), residual.data());
-        };
-        Buffers in_place = b;
-        in_place.poison();
-        arbiter_allreduce_args a = args;
-        a.input = input.data();
-        if (a.residual_in) a.residual_in = residual.data();
-        a.allreduce_out = place(layout.allreduce_out, in_place.allreduce_out);
-        a.residual_out = place(layout.residual_out, in_place.residual_out);
-        a.norm_out = place(layout.norm_out, in_place.norm_out);
-        if (a.quant_out) a.quant_out = in_place.quant.data();
-        if (module.run(workspace, &a, nullptr) != ARBITER_OK) {
-          return where + ": " + module.last_error();
-        }
-        const struct {
-          const char* name;
-          const void* got;
-          const std::vector<std::byte>& want;
-        } outputs[] = {{"allreduce_out", a.allreduce_out, b.allreduce_out},
-                       {"residual_out", a.residual_out, b.residual_out},
-                       {"norm_out", a.norm_out, b.norm_out}};
-        for (const auto& o : outputs) {
-          if (o.got != nullptr && std::memcmp(o.got, o.want.data(), o.want.size()) != 0) {
-            return where + ": in place, " + o.name + " differs from the separate-buffer result";
+  constexpr std::uint32_t kTokens = 7;
+  // 1000: the scalar tail after the vector blocks (it wrote allreduce_out
+  // before reading residual_in, which may be the same buffer).
+  for (const std::uint32_t hidden : {1024u, 1000u})
+    for (arbiter_dtype dtype : {ARBITER_DTYPE_FP32, ARBITER_DTYPE_BF16, ARBITER_DTYPE_FP16}) {
+      const arbiter_workspace_spec spec =
+          make_spec(oob, dtype, std::uint64_t{kTokens} * hidden * dtype_size(dtype));
+      arbiter_workspace* workspace = nullptr;
+      if (module.workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+        return std::string("workspace_create: ") + module.last_error();
+      }
+      Buffers b(dtype, kTokens, hidden);
+      Buffers::fill(b.input, dtype, b.count(), 7 + rank, 0.0f);
+      Buffers::fill(b.residual, dtype, b.count(), 5, 0.0f);
+      Buffers::fill(b.gamma, dtype, hidden, 3, 1.0f);
+      for (const Method& method : kMethods) {
+        const arbiter_algorithm algorithm = method.algorithm;
+        for (std::size_t l = 0; l < std::size(arbiter::test::kInPlaceLayouts); ++l) {
+          const arbiter::test::InPlaceLayout& layout = arbiter::test::kInPlaceLayouts[l];
+          const std::string where = std::string(dtype_name(dtype)) + " hidden " +
+                                    std::to_string(hidden) + " " + method_name(method) +
+                                    " layout " + std::to_string(l);
+          const Variant separate{layout.pattern, layout.allreduce_out != Place::kNone,
+                                 layout.norm_out != Place::kNone, 0.0f};
+          b.poison();
+          arbiter_allreduce_args args = make_args(b, separate, algorithm);
+          args.flags = method.flags;
+          if (layout.residual_out == Place::kNone) args.residual_out = nullptr;
+          if (module.run(workspace, &args, nullptr) != ARBITER_OK) {
+            return where + " (separate buffers): " + module.last_error();
           }
+          std::vector<std::byte> input = b.input;
+          std::vector<std::byte> residual = b.residual;
+          auto place = [&](Place p, std::vector<std::byte>& own) {
+            return arbiter::test::place_output(p, own.data(), input.data(), residual.data());
+          };
+          Buffers in_place = b;
+          in_place.poison();
+          arbiter_allreduce_args a = args;
+          a.input = input.data();
+          if (a.residual_in) a.residual_in = residual.data();
+          a.allreduce_out = place(layout.allreduce_out, in_place.allreduce_out);
+          a.residual_out = place(layout.residual_out, in_place.residual_out);
+          a.norm_out = place(layout.norm_out, in_place.norm_out);
+          if (a.quant_out) a.quant_out = in_place.quant.data();
+          if (module.run(workspace, &a, nullptr) != ARBITER_OK) {
+            return where + ": " + module.last_error();
+          }
+          const struct {
+            const char* name;
+            const void* got;
+            const std::vector<std::byte>& want;
+          } outputs[] = {{"allreduce_out", a.allreduce_out, b.allreduce_out},
+                         {"residual_out", a.residual_out, b.residual_out},
+                         {"norm_out", a.norm_out, b.norm_out}};
+          for (const auto& o : outputs) {
+            if (o.got != nullptr && std::memcmp(o.got, o.want.data(), o.want.size()) != 0) {
+              return where + ": in place, " + o.name + " differs from the separate-buffer result";
+            }
+          }
+          if (a.quant_out && in_place.quant != b.quant) return where + ": quant_out differs";
         }
-        if (a.quant_out && in_place.quant != b.quant) return where + ": quant_out differs";
+        // A partial overlap: refused before anything is written.
+        b.poison();
+        arbiter_allreduce_args bad = make_args(b, kVariants[1], algorithm);
+        bad.norm_out = b.input.data() + 16;
+        const std::vector<std::byte> input_before = b.input;
+        const std::int32_t status = module.run(workspace, &bad, nullptr);
+        const std::string message = module.last_error();
+        if (status != ARBITER_INVALID_ARGUMENT ||
+            message.find("shm run: norm_out overlaps input") == std::string::npos) {
+          return std::string(dtype_name(dtype)) + " partial overlap: status " +
+                 std::to_string(status) + ": " + message;
+        }
+        if (b.input != input_before || !b.unrequested_untouched(arbiter_allreduce_args{}).empty()) {
+          return std::string(dtype_name(dtype)) + " partial overlap: a refused call wrote memory";
+        }
       }
-      // A partial overlap: refused before anything is written.
-      b.poison();
-      arbiter_allreduce_args bad = make_args(b, kVariants[1], algorithm);
-      bad.norm_out = b.input.data() + 16;
-      const std::vector<std::byte> input_before = b.input;
-      const std::int32_t status = module.run(workspace, &bad, nullptr);
-      const std::string message = module.last_error();
-      if (status != ARBITER_INVALID_ARGUMENT ||
-          message.find("shm run: norm_out overlaps input") == std::string::npos) {
-        return std::string(dtype_name(dtype)) + " partial overlap: status " +
-               std::to_string(status) + ": " + message;
-      }
-      if (b.input != input_before || !b.unrequested_untouched(arbiter_allreduce_args{}).empty()) {
-        return std::string(dtype_name(dtype)) + " partial overlap: a refused call wrote memory";
-      }
+      module.workspace_destroy(workspace);
     }
-    module.workspace_destroy(workspace);
-  }
   return "";
 }
 
