@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "arbiter/common/deadline.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/stages.h"
 #include "futex.h"
@@ -76,7 +77,7 @@ Backoff Workspace::start_call() {
   std::atomic_ref<std::uint32_t> word(
       *reinterpret_cast<std::uint32_t*>(cpus + static_cast<std::size_t>(rank_) * kLine));
   if (word.load(std::memory_order_relaxed) != mine) word.store(mine, std::memory_order_relaxed);
-  return Backoff(Backoff::Clock::now() + std::chrono::milliseconds(timeout_ms_), &header().fault,
+  return Backoff(common::deadline_after<Backoff::Clock>(timeout_ms_), &header().fault,
                  &header().sleepers, cpus, mine, liveness_.get(), wait_policy);
 }
 

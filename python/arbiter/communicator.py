@@ -32,6 +32,7 @@ from .policy import Decision, Dtype, Pattern, Policy, decision_from_c, parse_cap
 from .policy import parse_dtype, parse_pattern
 
 _ANY_SIZE = (1 << 64) - 1  # max_message_bytes of a backend that takes any size
+LONGEST_WAIT_MS = 30 * 24 * 3600 * 1000  # timeouts above 30 days wait 30 days (deadline.h)
 
 __all__ = ["Communicator", "FusionResult", "WorkspaceFootprint", "nvfp4_scale_bytes", "stream_handle"]
 
@@ -269,7 +270,9 @@ class Communicator:
             hidden=hidden,
             dtype=int(self.dtype),
             pattern_mask=_pattern_mask(patterns),
-            timeout_ms=0 if timeout is None else max(1, int(timeout * 1000)),
+            # Capped at 30 days, as the library caps every wait: a larger
+            # one (meant as "never") would not fit the C int64 of ms.
+            timeout_ms=0 if timeout is None else min(max(1, int(timeout * 1000)), LONGEST_WAIT_MS),
         )
 
     def _create(self, policy: Policy | None, create) -> None:

@@ -283,6 +283,19 @@ def test_one_rank_with_default_options_runs_the_norm(dtype):
             assert np.all(np.abs(got - ref[name]) <= 2 * ref[name + "_bound"]), name
 
 
+@pytest.mark.parametrize("timeout", [1e10, float(sys.maxsize), 2.0**63])
+def test_a_timeout_meant_as_never_waits_thirty_days_and_runs(timeout):
+    # int(timeout * 1000) used to reach C as it came: 1e10 s overflowed the
+    # library's clock (every wait ended at once) and sys.maxsize wrapped to
+    # -1000 ms in the int64.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32",
+                              timeout=timeout) as comm:
+        assert comm._options.timeout_ms == 30 * 24 * 3600 * 1000
+        x = np.ones((2, 64), np.float32)
+        r = comm.allreduce_fusion(x, np.ones_like(x), np.ones(64, np.float32))
+        assert np.array_equal(r.residual_out, np.full_like(x, 2.0))
+
+
 def test_footprint_with_default_options_is_shm_private_memory():
     # One rank shares nothing: shm's workspace is private host memory, and
     # it takes a message of any size.

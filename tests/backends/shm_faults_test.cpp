@@ -229,6 +229,27 @@ BOOST_AUTO_TEST_CASE(a_peer_that_dies_mid_call_is_named_within_a_second_and_surv
   }
 }
 
+// A timeout meant as "never" (1e10 s) waits: now() + 1e13 ms overflowed
+// the clock's nanoseconds, and the first call that waited at all timed out
+// at once, leaving the workspace unusable.
+BOOST_AUTO_TEST_CASE(a_timeout_meant_as_never_waits_for_a_late_peer) {
+  run_group(2, [&](int rank, const arbiter_oob& oob) -> std::string {
+    std::string problem;
+    arbiter_workspace* workspace = create(oob, std::int64_t{10'000'000'000'000}, problem);
+    if (workspace == nullptr) return problem;
+    Exact exact;
+    for (int call = 0; call < 3 && problem.empty(); ++call) {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (exact.run(rank, 2, workspace, kAlgorithms[call], 6, call, problem) != ARBITER_OK &&
+          problem.empty()) {
+        problem = "call " + std::to_string(call) + ": " + shm().last_error();
+      }
+    }
+    shm().workspace_destroy(workspace);
+    return problem;
+  });
+}
+
 // The last rank stops (SIGSTOP) at call 3: alive, so only the deadline
 // (1 s) ends the survivors' wait, and the error names the rank they waited
 // for (before, a peer was named after whichever rank gave up first).

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "arbiter/common/collective.h"
+#include "arbiter/common/deadline.h"
 
 namespace arbiter::mnnvl {
 namespace {
@@ -148,7 +149,7 @@ Status exchange_fds(const arbiter_oob& oob, int fd, std::vector<int>* received,
   const int me = oob.rank;
   received->assign(size, -1);
   const auto deadline =
-      Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 24LL * 3600 * 1000);
+      common::deadline_after<Clock>(timeout_ms > 0 ? timeout_ms : 24LL * 3600 * 1000);
 
   // Who offers a handle, and a nonce for this exchange's socket names.
   struct Offer {

@@ -51,6 +51,7 @@
 
 #include "arbiter/common/collective.h"
 #include "arbiter/common/cuda_host.h"
+#include "arbiter/common/deadline.h"
 #include "arbiter/nccl/call_rules.h"
 #include "arbiter_backend.h"
 #include "epilogue_launch.h"
@@ -128,10 +129,7 @@ class Deadline {
  public:
   // timeout_ms <= 0: no deadline.
   explicit Deadline(int64_t timeout_ms)
-      : bounded_(timeout_ms > 0),
-        // Capped at 30 days, so that now() + timeout cannot overflow.
-        end_(std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<int64_t>(
-                                                    timeout_ms, int64_t{30} * 24 * 3600 * 1000))) {}
+      : bounded_(timeout_ms > 0), end_(arbiter::common::deadline_after(timeout_ms)) {}
   bool passed() const { return bounded_ && std::chrono::steady_clock::now() >= end_; }
 
  private:

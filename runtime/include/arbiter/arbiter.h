@@ -129,7 +129,7 @@ typedef struct arbiter_comm_options {
    * pattern outside the mask. Bits above ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4
    * are ARBITER_INVALID_ARGUMENT. */
   uint32_t pattern_mask;
-  int64_t timeout_ms; /* 0: 60 s */
+  int64_t timeout_ms; /* 0: 60 s; above 30 days: 30 days (a wait that long is "never") */
 } arbiter_comm_options;
 
 /* Collective over oob: loads the backend modules (ARBITER_PLUGIN_PATH and

@@ -40,6 +40,9 @@ constexpr auto kRetryCap = std::chrono::milliseconds(100);
 // refused, not left to wait out its timeout. The rest is slack for a busy
 // host's scheduler.
 constexpr auto kListenAtLeast = 5 * kRetryCap;
+// Longer timeouts wait this long: one meant as "never" (1e10 s) would
+// overflow the clock's 64-bit nanoseconds and end at once.
+constexpr auto kLongestWait = std::chrono::milliseconds(std::int64_t{30} * 24 * 3600 * 1000);
 // How often rank 0 looks whether a port in TIME_WAIT is free again.
 constexpr auto kTimeWaitPoll = std::chrono::milliseconds(250);
 
@@ -234,11 +237,13 @@ struct StarGroup::Outbound {
 // ---------------------------------------------------------------------------
 // Setup and teardown
 
-StarGroup::StarGroup(const BootstrapOptions& options) : options_(options) {}
+StarGroup::StarGroup(const BootstrapOptions& options) : options_(options) {
+  options_.timeout = std::clamp(options_.timeout, std::chrono::milliseconds(0), kLongestWait);
+}
 
 std::unique_ptr<StarGroup> StarGroup::join(const BootstrapOptions& options) {
-  const Clock::time_point deadline = Clock::now() + options.timeout;
   std::unique_ptr<StarGroup> group(new StarGroup(options));
+  const Clock::time_point deadline = Clock::now() + group->options_.timeout;
 
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -741,6 +746,7 @@ BootstrapStatus StarGroup::run(Op op, const void* send, void* recv, std::size_t 
   if (broken_) {
     return {broken_->code, label(op, seq) + ": the group failed earlier: " + broken_->message};
   }
+  timeout = std::clamp(timeout, std::chrono::milliseconds(0), kLongestWait);
   const Clock::time_point deadline = Clock::now() + timeout;
   if (options_.rank == 0) return server_run(op, seq, send, recv, bytes, root, deadline, timeout);
   return client_run(op, seq, send, recv, bytes, root, deadline, timeout);

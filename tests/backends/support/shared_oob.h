@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -78,7 +79,10 @@ class SharedOob {
       generation.store(mine + 1, std::memory_order_release);
       return ARBITER_OK;
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    // Capped at 30 days, as the library caps its own waits (deadline.h).
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<std::int64_t>(
+                                               timeout_ms, std::int64_t{30} * 24 * 3600 * 1000));
     for (int polls = 0; generation.load(std::memory_order_acquire) == mine; ++polls) {
       if (std::chrono::steady_clock::now() >= deadline) {
         error_ = "test oob: timed out after " + std::to_string(timeout_ms) + " ms with " +

@@ -7,6 +7,7 @@
 // one).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -62,7 +63,9 @@ class ThreadGroup {
       cv_.notify_all();
     } else {
       const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 0);
+                            std::chrono::milliseconds(std::min<std::int64_t>(
+                                timeout_ms > 0 ? timeout_ms : 0,
+                                std::int64_t{30} * 24 * 3600 * 1000));  // as deadline.h
       const bool done =
           timeout_ms <= 0
               ? (cv_.wait(lock, [&] { return generation_ != generation; }), true)
