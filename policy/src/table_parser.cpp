@@ -326,6 +326,13 @@ void parse_backend_rules(Parser& p, Backend which, const YamlNode& node, Backend
           p.error(v, "nodes must be single, multi or any, got '" + *t + "'");
           continue;
         }
+        // Its peers' memory is mapped over one node's NVLink; the module
+        // refuses more, so a table may not promise it.
+        if (which == Backend::kTrtllm && r.nodes != NodesRule::kSingle) {
+          p.error(v, "trtllm runs on one node only (its peers' memory is mapped over NVLink); "
+                     "its nodes must be single: multi-node jobs take mnnvl or nccl");
+          continue;
+        }
       } else
         continue;
     } else if (key == "needs_nvlink" || key == "needs_multicast" ||
@@ -391,6 +398,17 @@ void parse_backend_rules(Parser& p, Backend which, const YamlNode& node, Backend
     } else if (key == "algorithm") {
       auto t = p.text(v, "algorithm");
       if (!t) continue;
+      if (*t == "oneshot_table" && (which == Backend::kMnnvl || which == Backend::kNccl)) {
+        // The one-shot table has no nodes key: it is single-node trtllm's
+        // (and the cpu shm split's).
+        p.error(v, "algorithm oneshot_table is for trtllm (and shm): the one-shot table is "
+                   "scoped to single-node trtllm; " +
+                       std::string(which == Backend::kMnnvl
+                                       ? "mnnvl takes threshold (with oneshot_max_total)"
+                                       : "nccl takes native") +
+                       " (schema/FORMAT.md)");
+        continue;
+      }
       if (*t == "oneshot_table")
         r.algorithm = AlgorithmRule::kOneshotTable;
       else if (*t == "threshold")

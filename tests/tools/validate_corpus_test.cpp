@@ -127,6 +127,9 @@ const std::vector<BadCase> kBadCases = {
   {"cpu_backend_in_single_node_preference.yaml", 1, 4, {"preference.single_node", "'shm'", "cpu backend"}},
   {"fallback_gpu_is_cpu_backend.yaml",     1, 4, {"fallback.gpu", "'shm'", "cpu backend"}},
   {"threshold_without_oneshot_max_total.yaml", 1, 5, {"'trtllm'", "threshold", "oneshot_max_total"}},
+  // the modules' hard limits
+  {"trtllm_nodes_any.yaml",                1, 5, {"trtllm runs on one node", "single", "mnnvl or nccl"}},
+  {"mnnvl_algorithm_oneshot_table.yaml",   1, 5, {"oneshot_table", "single-node trtllm", "threshold"}},
 };
 // clang-format on
 
