@@ -205,7 +205,8 @@ typedef struct arbiter_allreduce_args {
   void* norm_out;     /* optional un-quantised norm output */
   void* quant_out;    /* FP8: 1 byte/element; NVFP4: 2 elements/byte */
   void* scale_out;    /* NVFP4 block scale factors (e4m3) */
-  const float* scale; /* FP8: per-tensor scale; NVFP4: global scale */
+  const float* scale; /* FP8: per-tensor scale; NVFP4: global scale. Finite and > 0
+                       (shm refuses others; GPU modules read it on the device) */
 } arbiter_allreduce_args;
 
 typedef struct arbiter_backend_v1_t {

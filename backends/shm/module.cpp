@@ -2,8 +2,10 @@
 // algorithm, and the exported arbiter_backend_v1. Every entry point catches
 // everything; no exception crosses the plugin boundary.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -99,6 +101,14 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
   if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
     if (a.quant_out == nullptr) return missing("quant_out");
     if (a.scale == nullptr) return missing("scale");
+    // Host memory, so its value can be checked: 0, a negative, NaN or an
+    // infinity quantises every element to a saturated or NaN code.
+    float scale = 0.0f;
+    std::memcpy(&scale, a.scale, sizeof scale);
+    if (!(std::isfinite(scale) && scale > 0.0f)) {
+      return {ARBITER_INVALID_ARGUMENT,
+              "shm run: scale is " + std::to_string(scale) + "; it must be finite and > 0"};
+    }
   }
   const void* const buffers[] = {a.allreduce_out, a.residual_in, a.residual_out, a.gamma,
                                  a.norm_out};

@@ -296,6 +296,21 @@ def test_a_timeout_meant_as_never_waits_thirty_days_and_runs(timeout):
         assert np.array_equal(r.residual_out, np.full_like(x, 2.0))
 
 
+def test_an_fp8_scale_that_is_not_finite_and_positive_is_refused():
+    # 0, a negative, NaN or inf quantised every element to a saturated or
+    # NaN code, silently; the next good call runs.
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32") as comm:
+        x = np.ones((2, 64), np.float32)
+        w = np.ones(64, np.float32)
+        for scale in (0.0, -1.0, float("nan"), float("inf")):
+            with pytest.raises(arbiter.ArbiterError) as e:
+                comm.allreduce_fusion(x, x.copy(), w, pattern="residual_rmsnorm_fp8", scale=scale)
+            assert e.value.status == arbiter.Status.INVALID_ARGUMENT
+            assert "it must be finite and > 0" in e.value.message, e.value.message
+        r = comm.allreduce_fusion(x, x.copy(), w, pattern="residual_rmsnorm_fp8", scale=1.0)
+        assert r.quant_out.shape == (2, 64)
+
+
 def test_footprint_with_default_options_is_shm_private_memory():
     # One rank shares nothing: shm's workspace is private host memory, and
     # it takes a message of any size.
