@@ -98,11 +98,25 @@ def _check_bytes(t, what: str, shape: tuple, dtypes: tuple, device: int) -> None
                 "values)" if torch.float8_e4m3fn in dtypes else "")
 
 
+def _refuse_grad(x, residual, weight, outs: tuple) -> None:
+    """A tensor that requires grad would be read or written behind autograd's
+    back (no version bump, no grad_fn): a silently wrong gradient. torch's own
+    in-place ops refuse such writes; arbiter refuses them all."""
+    for what, t in (("x", x), ("residual", residual), ("weight", weight), *zip(OUTPUTS, outs)):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            name = what if what in ("x", "residual", "weight") else f"out['{what}']"
+            raise _invalid(f"{name} requires grad: arbiter's calls have no gradient (inference "
+                           "only); call under torch.no_grad() or torch.inference_mode(), or pass "
+                           "a detached tensor")
+
+
 def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bias,
           replicated) -> int:
     """Raises ArbiterError naming the argument and the rule unless the call
     can run on `comm`; returns the number of tokens. Reads metadata only."""
     dtype, device, hidden = comm._torch_dtype, comm.device, comm.hidden
+    if torch.is_grad_enabled():  # inference runs without grad: no cost there
+        _refuse_grad(x, residual, weight, outs)
     shape = x.shape
     if len(shape) != 2:
         raise _invalid(f"x: shape {tuple(shape)}; expected (tokens, hidden={hidden})")

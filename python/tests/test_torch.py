@@ -102,6 +102,29 @@ def test_in_place_as_vllm_calls_it_eager_and_through_the_op(comm):
         assert_norm(x, norm_ref)
 
 
+def test_tensors_that_require_grad_are_refused_while_grad_is_on(comm):
+    # Written through data_ptr(), such a tensor's version never moved and no
+    # grad_fn was made: backward() then ran on and gave a wrong gradient.
+    for name in ("x", "residual", "weight", "norm_out"):
+        for how in ("eager", "op"):
+            x, residual, weight = inputs(seed=2)
+            norm_out = torch.empty_like(x)
+            tensors = {"x": x, "residual": residual, "weight": weight, "norm_out": norm_out}
+            tensors[name].requires_grad_(True)
+            with pytest.raises(arbiter.ArbiterError) as e:
+                if how == "eager":
+                    comm.allreduce_fusion(x, residual, weight, out={"norm_out": norm_out})
+                else:
+                    torch.ops.arbiter.allreduce_fusion(
+                        comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM), x, residual,
+                        weight, None, None, norm_out)
+            assert "requires grad" in e.value.message and "torch.no_grad()" in e.value.message
+            assert name in e.value.message, e.value.message
+            with torch.no_grad():  # how inference calls it: runs
+                r = comm.allreduce_fusion(x, residual, weight, out={"norm_out": norm_out})
+            assert r.norm_out is norm_out
+
+
 def test_fp8_output_is_e4m3fn_and_other_float8_formats_are_refused(comm):
     x, residual, weight = inputs()
     r = comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp8", scale=0.5)
