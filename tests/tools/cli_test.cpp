@@ -53,6 +53,20 @@ BOOST_AUTO_TEST_CASE(decide_json_has_the_documented_keys) {
   BOOST_TEST(saw_cell);
 }
 
+// A site file named in Latin-1: its name reaches the JSON's origins. The
+// raw byte made the document unreadable to a strict parser (Python's json).
+BOOST_AUTO_TEST_CASE(json_output_is_utf8_whatever_the_file_names) {
+  const std::string site = "cli_test_site-\xe9-\xc3\xa9.yaml";  // Latin-1 e, then UTF-8 e
+  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 90, world_size: 8, max: 1}\n";
+  const CommandResult r =
+      run_arbiter("decide --config '" + site + "' --capability 90 --world-size 8 --bytes 1 --json");
+  std::remove(site.c_str());
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "cli_test_site-\\ufffd-\xc3\xa9.yaml"), r.output);
+  BOOST_TEST(!contains(r.output, "\xe9"), r.output);
+  BOOST_TEST(JsonReader::parse(r.output)["fused"].boolean);
+}
+
 BOOST_AUTO_TEST_CASE(half_a_mib_is_the_integer_524288_in_json) {
   const CommandResult r =
       run_arbiter("decide --capability 90 --world-size 8 --bytes 0.5MiB --json");
