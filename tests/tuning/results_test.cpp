@@ -258,6 +258,12 @@ BOOST_AUTO_TEST_CASE(unreadable_files_and_files_given_twice) {
   BOOST_TEST_REQUIRE(missing.diagnostics.size() == 1u);
   BOOST_TEST(missing.diagnostics[0].message == "cannot read the file");
   BOOST_TEST(read_results(data_path("tune")).unreadable);
+  // /dev/zero was read until memory ran out.
+  const ReadResult endless = read_results("/dev/zero");
+  BOOST_TEST(endless.unreadable);
+  BOOST_TEST_REQUIRE(endless.diagnostics.size() == 1u);
+  BOOST_TEST(endless.diagnostics[0].message ==
+             "the file is larger than 256 MiB: not a results CSV");
 
   const ResultsSet twice = read_all_results(
       {tune_path("crossover.csv"), tune_path("noisy.csv"), tune_path("crossover.csv")});
@@ -361,4 +367,9 @@ BOOST_AUTO_TEST_CASE(a_byte_order_mark_a_huge_number_and_an_absurd_latency) {
   const Diagnostic absurd =
       only_error("90,2,1,bf16,4096,32,262144,residual_rmsnorm,trtllm,oneshot,1,1e308\n");
   BOOST_TEST(contains_text(absurd.message, "not a measured latency"), absurd.message);
+  // And absurdly small: a denormal made the cap "off" and the regrets inf%.
+  const Diagnostic tiny =
+      only_error("90,2,1,bf16,4096,32,262144,residual_rmsnorm,trtllm,oneshot,1,4.9e-324\n");
+  BOOST_TEST(contains_text(tiny.message, "under 0.001 us (1 ns): not a measured latency"),
+             tiny.message);
 }

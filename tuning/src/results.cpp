@@ -164,6 +164,11 @@ class Reader {
 std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 constexpr double kMaxLatencyUs = 1e9;
+// No all-reduce takes under a nanosecond; a denormal latency made the cap
+// "off" (fused lost against 5e-324 us) and the regrets inf%.
+constexpr double kMinLatencyUs = 1e-3;
+// Far above any sweep; a device or a stray file would be read to the end.
+constexpr std::size_t kMaxResultsBytes = std::size_t{256} << 20;
 
 bool parse_u64(std::string_view s, std::uint64_t& out) {
   if (s.empty() || !std::isdigit(static_cast<unsigned char>(s.front()))) return false;
@@ -222,6 +227,10 @@ class RowParser {
     // print as inf%. No all-reduce takes 1000 s.
     if (v > kMaxLatencyUs) {
       error(column, quoted(s) + " is over 1e9 us (1000 s): not a measured latency");
+      return 0;
+    }
+    if (v < kMinLatencyUs) {
+      error(column, quoted(s) + " is under 0.001 us (1 ns): not a measured latency");
       return 0;
     }
     return v;
@@ -449,9 +458,20 @@ ReadResult read_results(const std::string& path) {
     result.unreadable = true;
     return result;
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_results(path, text.str());
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxResultsBytes) {
+      ReadResult result;
+      result.diagnostics.push_back({Severity::kError, path, 0, 0,
+                                    "the file is larger than 256 MiB: not a results CSV",
+                                    "give the CSV that arbiter bench wrote"});
+      result.unreadable = true;
+      return result;
+    }
+  }
+  return parse_results(path, text);
 }
 
 ResultsSet read_all_results(const std::vector<std::string>& paths) {
