@@ -20,6 +20,7 @@
 
 #include "arbiter/size.h"
 #include "cli.h"
+#include "ranges_text.h"
 
 namespace arbiter::cli {
 namespace {
@@ -88,20 +89,6 @@ std::string names_text(const std::set<int>& items, int count, bool pattern) {
   for (int i : items) {
     if (!s.empty()) s += ", ";
     s += pattern ? pattern_name(static_cast<Pattern>(i)) : dtype_name(static_cast<Dtype>(i));
-  }
-  return s;
-}
-
-// "3, 5-7, 9-1024"
-std::string ranges_text(const std::vector<std::uint32_t>& sorted) {
-  std::string s;
-  for (std::size_t i = 0; i < sorted.size();) {
-    std::size_t j = i;
-    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
-    if (!s.empty()) s += ", ";
-    s += std::to_string(sorted[i]);
-    if (j > i) s += "-" + std::to_string(sorted[j]);
-    i = j + 1;
   }
   return s;
 }

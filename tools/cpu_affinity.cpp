@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "cli.h"
+#include "ranges_text.h"
 
 namespace arbiter::cli {
 
@@ -39,18 +40,7 @@ std::vector<int> allowed_cpus() {
   return cpus;
 }
 
-std::string cpu_list_text(const std::vector<int>& cpus) {
-  std::string text;
-  for (std::size_t i = 0; i < cpus.size();) {
-    std::size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!text.empty()) text += ",";
-    text += std::to_string(cpus[i]);
-    if (j > i) text += "-" + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return text;
-}
+std::string cpu_list_text(const std::vector<int>& cpus) { return ranges_text(cpus, ","); }
 
 std::vector<int> cpus_for_ranks(const std::string& text, const std::string& source, int ranks,
                                 const std::vector<int>& allowed) {
