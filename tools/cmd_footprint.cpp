@@ -5,6 +5,7 @@
 // arbiter_backend_v1_footprint companion), which needs no device: this runs
 // on any machine for any capability.
 #include <algorithm>
+#include <cstdint>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -93,6 +94,12 @@ int cmd_footprint(const Args& args) {
   const Request request = read_request(vm, /*with_size=*/false);
   if (!vm.count("hidden") || vm["hidden"].as<Count>().value == 0) {
     throw UsageError{"--hidden H is required and must be positive (the model's hidden size)"};
+  }
+  // The modules size workspaces through the C ABI, whose ranks are int32: a
+  // larger count reached them as a negative one ("world size -1").
+  if (request.world_size > static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max())) {
+    throw UsageError{"--world-size " + std::to_string(request.world_size) +
+                     " is above 2147483647, the most ranks the C ABI carries"};
   }
   std::optional<std::uint64_t> budget;
   if (vm.count("budget")) budget = size_flag("budget", vm["budget"].as<std::string>());

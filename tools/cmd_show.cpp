@@ -12,6 +12,23 @@
 namespace arbiter::cli {
 namespace {
 
+// A site file's text as the terminal should show it: control characters
+// (an escape sequence in a provenance string) as \xNN, not obeyed.
+std::string printable(const std::string& text) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 // Marks which layer set a grid cell.
 char layer_mark(const Policy& p, std::uint16_t origin) {
   const Origin* o = p.tables().find_origin(origin);
@@ -168,7 +185,7 @@ int cmd_show(const Args& args) {
   print_backends(out, *policy);
   if (!t.provenance.empty()) {
     out << "\nprovenance:\n";
-    for (const std::string& line : t.provenance) out << "  " << line << "\n";
+    for (const std::string& line : t.provenance) out << "  " << printable(line) << "\n";
   }
   std::cout << out.str();
   return kExitOk;

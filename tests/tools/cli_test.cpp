@@ -195,6 +195,15 @@ BOOST_AUTO_TEST_CASE(negative_counts_and_stray_words_are_usage_errors) {
       BOOST_TEST(contains(r.output, whole), r.output);
     }
   }
+  // Above the C ABI's int32: it reached the modules as world size -1.
+  for (const char* args : {"footprint --capability cpu --world-size 4294967295 --hidden 7168",
+                           "footprint --capability 90 --world-size 2147483648 --hidden 64"}) {
+    const CommandResult r = run_arbiter(args);
+    BOOST_TEST(r.exit_code == 2, r.output);
+    BOOST_TEST(contains(r.output, "is above 2147483647, the most ranks the C ABI carries"),
+               r.output);
+    BOOST_TEST(!contains(r.output, "world size -1"), r.output);
+  }
   for (const char* args : {"show configs/default.yaml",
                            "decide --capability 103 --world-size 8 --bytes 6MiB site.yaml",
                            "sweep --capability 90 --world-size 8 extra"}) {
@@ -239,6 +248,19 @@ BOOST_AUTO_TEST_CASE(arbiter_config_and_config_flag_apply_a_site_file) {
   r = run_arbiter(args + " --config /nonexistent.yaml");
   BOOST_TEST(r.exit_code == 1);
   BOOST_TEST(contains(r.output, "/nonexistent.yaml: error: cannot open"), r.output);
+}
+
+// A shared site file's provenance may hold an escape sequence (written as
+// "\e]0;...\a" in YAML): show prints it as text, never to the terminal.
+BOOST_AUTO_TEST_CASE(show_prints_control_characters_as_text) {
+  const std::string site = "cli_test_show_escape.yaml";
+  std::ofstream(site) << "format: 1\nprovenance: {source: \"a\\e]0;pwned\\a\\e[31mRED\\rX\"}\n";
+  const CommandResult r = run_arbiter("show --config " + site);
+  std::remove(site.c_str());
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "a\\x1b]0;pwned\\x07\\x1b[31mRED\\x0dX"), r.output);
+  BOOST_TEST(!contains(r.output, "\x1b"), r.output);
+  BOOST_TEST(!contains(r.output, "\r"), r.output);
 }
 
 BOOST_AUTO_TEST_CASE(show_prints_the_grids_and_marks_site_cells) {
