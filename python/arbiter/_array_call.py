@@ -177,6 +177,12 @@ def _prepare(comm, x, residual, weight, eps, pattern, out, stream, scale, weight
         if isinstance(scale, (int, float)) and not isinstance(scale, bool):
             if comm.device >= 0:
                 raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
+            try:
+                usable = math.isfinite(scale) and scale > 0
+            except OverflowError:  # an int beyond any float (10**400)
+                usable = False
+            if not usable:
+                raise _invalid(f"scale {scale!r:.40}: it must be finite and > 0")
             comm._scale_value.value = scale
             scale_at = comm._scale_address
         else:
@@ -187,6 +193,8 @@ def _prepare(comm, x, residual, weight, eps, pattern, out, stream, scale, weight
     elif scale is not None:
         raise _invalid(f"pattern {pattern.name.lower()} takes no scale")
 
+    if out is not None and not isinstance(out, dict):
+        raise _invalid(f"out: a {type(out).__name__}; pass a dict of output name -> array")
     if out and not _KEYS.issuperset(out):
         raise _invalid(f"out: unknown keys {sorted(set(out) - _KEYS)}; use {', '.join(OUTPUTS)}")
     given = out or {}

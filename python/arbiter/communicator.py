@@ -272,7 +272,7 @@ class Communicator:
             pattern_mask=_pattern_mask(patterns),
             # Capped at 30 days, as the library caps every wait: a larger
             # one (meant as "never") would not fit the C int64 of ms.
-            timeout_ms=0 if timeout is None else min(max(1, int(timeout * 1000)), LONGEST_WAIT_MS),
+            timeout_ms=0 if timeout is None else max(1, int(min(timeout * 1000, LONGEST_WAIT_MS))),
         )
 
     def _create(self, policy: Policy | None, create) -> None:

@@ -283,7 +283,7 @@ def test_one_rank_with_default_options_runs_the_norm(dtype):
             assert np.all(np.abs(got - ref[name]) <= 2 * ref[name + "_bound"]), name
 
 
-@pytest.mark.parametrize("timeout", [1e10, float(sys.maxsize), 2.0**63])
+@pytest.mark.parametrize("timeout", [1e10, float(sys.maxsize), 2.0**63, 1e306])
 def test_a_timeout_meant_as_never_waits_thirty_days_and_runs(timeout):
     # int(timeout * 1000) used to reach C as it came: 1e10 s overflowed the
     # library's clock (every wait ended at once) and sys.maxsize wrapped to
@@ -307,6 +307,16 @@ def test_an_fp8_scale_that_is_not_finite_and_positive_is_refused():
                 comm.allreduce_fusion(x, x.copy(), w, pattern="residual_rmsnorm_fp8", scale=scale)
             assert e.value.status == arbiter.Status.INVALID_ARGUMENT
             assert "it must be finite and > 0" in e.value.message, e.value.message
+        # Python's own failures are ArbiterErrors too: an int beyond any
+        # float, and `out` as a list of pairs.
+        for call in (
+            lambda: comm.allreduce_fusion(x, x.copy(), w, pattern="residual_rmsnorm_fp8",
+                                          scale=10**400),
+            lambda: comm.allreduce_fusion(x, x.copy(), w, out=[("norm_out", np.empty_like(x))]),
+        ):
+            with pytest.raises(arbiter.ArbiterError) as e:
+                call()
+            assert e.value.status == arbiter.Status.INVALID_ARGUMENT, e.value.message
         r = comm.allreduce_fusion(x, x.copy(), w, pattern="residual_rmsnorm_fp8", scale=1.0)
         assert r.quant_out.shape == (2, 64)
 
