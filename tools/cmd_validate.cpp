@@ -15,21 +15,38 @@ int cmd_validate(const Args& args) {
   desc.add_options()("file", po::value<std::vector<std::string>>(), "table files")(
       "standalone", po::bool_switch(),
       "check each file as a complete table, not as a site layer over the default")(
-      "quiet,q", po::bool_switch(), "print only problems")("help,h", "this help");
+      "layered", po::bool_switch(),
+      "also check the FILEs as one stack, in order, as ARBITER_CONFIG=A:B layers them (cells "
+      "of two files may conflict only there)")("quiet,q", po::bool_switch(), "print only problems")(
+      "help,h", "this help");
   po::positional_options_description positional;
   positional.add("file", -1);
   po::variables_map vm = parse(args, desc, &positional);
   if (vm.count("help")) {
     std::cout << "usage: arbiter validate FILE...   (a FILE may be preset:NAME)\n"
+                 "       arbiter validate            (the ARBITER_CONFIG stack, as every\n"
+                 "                                    consumer of this environment loads it)\n"
                  "exit 0: every file is valid; 1: some file is not; 2: usage error, or a file\n"
                  "that cannot be read\n\n"
               << desc;
     return kExitOk;
   }
-  if (!vm.count("file")) throw UsageError{"give at least one table file"};
   const bool over_default = !vm["standalone"].as<bool>();
+  bool layered = vm["layered"].as<bool>();
+  std::vector<std::string> files;
+  if (vm.count("file")) {
+    files = vm["file"].as<std::vector<std::string>>();
+  } else {
+    // What every consumer of this environment loads: ARBITER_CONFIG's files
+    // alone, then as the stack they make.
+    files = LoadOptions::from_environment().site_files;
+    if (files.empty()) {
+      throw UsageError{"give at least one table file (or set ARBITER_CONFIG to check its stack)"};
+    }
+    layered = true;
+  }
   int invalid = 0, unreadable = 0;
-  for (const std::string& path : vm["file"].as<std::vector<std::string>>()) {
+  for (const std::string& path : files) {
     std::error_code ec;
     const bool preset = path.rfind(kPresetPrefix, 0) == 0;  // embedded: nothing to open
     // Checked without opening it: a FIFO (a table piped in) has one
@@ -54,6 +71,25 @@ int cmd_validate(const Args& args) {
     }
   }
   if (unreadable > 0) return kExitUsage;
+  if (layered && invalid == 0 && files.size() > 1) {
+    std::string stack;
+    for (const std::string& f : files) stack += (stack.empty() ? "" : ":") + f;
+    LoadOptions options;
+    options.with_default = over_default;
+    options.site_files = files;
+    const LoadResult r = Policy::load(options);
+    // Each file's warnings were printed above; the stack adds its errors.
+    for (const Diagnostic& d : r.diagnostics) {
+      if (d.severity == Severity::kError) std::cerr << d.to_string() << "\n";
+    }
+    if (!r.policy) {
+      std::cerr << "error: each file is valid alone, but not layered in this order "
+                   "(ARBITER_CONFIG="
+                << stack << ")\n";
+      return kExitFailed;
+    }
+    if (!vm["quiet"].as<bool>()) std::cout << "layered (ARBITER_CONFIG=" << stack << "): valid\n";
+  }
   return invalid == 0 ? kExitOk : kExitFailed;
 }
 

@@ -252,6 +252,42 @@ BOOST_AUTO_TEST_CASE(arbiter_config_and_config_flag_apply_a_site_file) {
 
 // A shared site file's provenance may hold an escape sequence (written as
 // "\e]0;...\a" in YAML): show prints it as text, never to the terminal.
+// Two site files each valid alone whose cells conflict once layered: every
+// consumer of ARBITER_CONFIG=a:b refuses the stack, and validate said both
+// were valid. Now --layered, or validate without files under ARBITER_CONFIG,
+// checks the stack as the consumers load it.
+BOOST_AUTO_TEST_CASE(validate_checks_the_stack_that_arbiter_config_makes) {
+  const std::string a = "cli_test_layer_a.yaml", b = "cli_test_layer_b.yaml";
+  std::ofstream(a) << "format: 1\nfusion:\n  - {capability: 103, world_size: 8, dtype: bf16, "
+                      "max: 8MiB}\n";
+  std::ofstream(b) << "format: 1\nfusion:\n  - {capability: 103, world_size: 8, pattern: "
+                      "allreduce, max: 16MiB}\n";
+  CommandResult r = run_arbiter("validate " + a + " " + b);
+  BOOST_TEST(r.exit_code == 0, r.output);  // each alone, as before
+  r = run_arbiter("validate --layered " + a + " " + b);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, b + ":3:5: error:"), r.output);
+  BOOST_TEST(contains(r.output, "conflicts"), r.output);
+  BOOST_TEST(contains(r.output,
+                      "each file is valid alone, but not layered in this order "
+                      "(ARBITER_CONFIG=" +
+                          a + ":" + b + ")"),
+             r.output);
+  const std::string bin = std::string(" ") + ARBITER_BIN + " validate";
+  r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + a + ":" + b + bin);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "not layered in this order"), r.output);
+  // A stack that holds is said to.
+  r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + a + bin);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, a + ": valid"), r.output);
+  r = run_arbiter("validate");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  BOOST_TEST(contains(r.output, "or set ARBITER_CONFIG"), r.output);
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
 BOOST_AUTO_TEST_CASE(show_prints_control_characters_as_text) {
   const std::string site = "cli_test_show_escape.yaml";
   std::ofstream(site) << "format: 1\nprovenance: {source: \"a\\e]0;pwned\\a\\e[31mRED\\rX\"}\n";
