@@ -81,17 +81,26 @@ def _refuse(t, what: str, shape: tuple, dtypes: tuple, device: int, hint: str = 
     if t.dtype not in dtypes:
         raise _invalid(f"{what}: element type {element(t.dtype)}, expected "
                        f"{' or '.join(element(d) for d in dtypes)}{hint}")
+    if t.is_neg():
+        raise _neg(what)
     raise _invalid(f"{what}: the tensor is not C-contiguous (call .contiguous() first)")
 
 
+def _neg(what: str):
+    """A negative view (torch._neg_view) shares its base's memory and negates
+    on read: the kernels, reading or writing that memory, would lose the sign."""
+    return _invalid(f"{what}: the tensor has its negative bit set (a lazy negation that arbiter's "
+                    "kernels cannot see); call .resolve_neg() first")
+
+
 def _check(t, what: str, shape, dtype: torch.dtype, device: int) -> None:
-    if not (t.dtype is dtype and t.shape == shape and t.is_contiguous()
+    if not (t.dtype is dtype and t.shape == shape and t.is_contiguous() and not t.is_neg()
             and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device)):
         _refuse(t, what, shape, (dtype,), device)
 
 
 def _check_bytes(t, what: str, shape: tuple, dtypes: tuple, device: int) -> None:
-    if not (t.dtype in dtypes and t.shape == shape and t.is_contiguous()
+    if not (t.dtype in dtypes and t.shape == shape and t.is_contiguous() and not t.is_neg()
             and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device)):
         _refuse(t, what, shape, dtypes, device,
                 " (the kernels write float8 e4m3fn; another float8 format would hold wrong "
@@ -151,6 +160,8 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
             if not (scale.dtype is torch.float32 and scale.numel() == 1):
                 raise _invalid(f"scale: {element(scale.dtype)} of shape {tuple(scale.shape)}; "
                                "pass one float32")
+            if scale.is_neg():
+                raise _neg("scale")
         elif device >= 0:
             raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
         elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -233,5 +244,7 @@ def borrow_tensor(t: torch.Tensor, what: str) -> Borrowed:
     device = _device_of(t)
     if device is None:
         raise _invalid(f"{what}: the tensor is in {t.device.type} memory, neither host nor CUDA")
+    if t.is_neg():
+        raise _neg(what)
     return Borrowed(t.data_ptr(), tuple(t.shape), element(t.dtype), t.element_size(), device,
                     False, t.is_contiguous(), keep=t)

@@ -335,6 +335,8 @@ class Communicator:
     def footprint(self) -> dict[str, WorkspaceFootprint]:
         """What each backend's workspace costs this rank, by backend name, as
         its module sized it (arbiter_comm_get_footprint). Not collective."""
+        if not self._handle:
+            raise _invalid("footprint(): the communicator is closed")
         figures = {}
         for code in self._backend_codes:
             c = _library.CCommFootprint()

@@ -138,6 +138,8 @@ def _outputs(code: int, x, out) -> list:
     """The five outputs: those `out` names (a name set to None is not
     written), then new tensors for what the pattern writes by default."""
     if out:
+        if not isinstance(out, dict):
+            raise _invalid(f"out: a {type(out).__name__}; pass a dict of output name -> tensor")
         if not _KEYS.issuperset(out):
             raise _invalid(f"out: unknown keys {sorted(set(out) - _KEYS)}; use "
                            f"{', '.join(_OUTPUTS)}")
@@ -148,6 +150,8 @@ def _outputs(code: int, x, out) -> list:
             if outs[i] is None and _OUTPUTS[i] not in out:
                 outs[i] = _new_output(code, i, x)
         return outs
+    if out is not None and not isinstance(out, dict):  # 0, "", []
+        raise _invalid(f"out: a {type(out).__name__}; pass a dict of output name -> tensor")
     outs = [None, None, None, None, None]
     for i in _torch_tensors.PRODUCED[code]:
         outs[i] = _new_output(code, i, x)

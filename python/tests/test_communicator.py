@@ -333,6 +333,8 @@ def test_footprint_with_default_options_is_shm_private_memory():
         assert shm.total_bytes == shm.host_bytes
         assert shm.max_message_bytes == {"oneshot": None, "twoshot": None, "native": None}
         assert shm.note == ""
+    with pytest.raises(arbiter.ArbiterError, match=r"footprint\(\): the communicator is closed"):
+        comm.footprint()  # not the C API's bare "NULL argument"
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -125,6 +125,38 @@ def test_tensors_that_require_grad_are_refused_while_grad_is_on(comm):
             assert r.norm_out is norm_out
 
 
+def test_negative_views_are_refused_not_read_without_their_sign(comm):
+    # torch._neg_view shares its base's memory and negates on read; read
+    # through data_ptr() it lost its sign: a call returned x + residual where
+    # the caller meant -x + residual, with success.
+    for name in ("x", "residual", "weight", "norm_out", "scale"):
+        x, residual, weight = inputs(seed=3)
+        tensors = {"x": x, "residual": residual, "weight": weight,
+                   "norm_out": torch.empty_like(x), "scale": torch.tensor([0.5])}
+        tensors[name] = torch._neg_view(tensors[name])
+        fp8 = name == "scale"
+        with pytest.raises(arbiter.ArbiterError) as e:
+            comm.allreduce_fusion(
+                tensors["x"], tensors["residual"], tensors["weight"],
+                pattern="residual_rmsnorm_fp8" if fp8 else "residual_rmsnorm",
+                scale=tensors["scale"] if fp8 else None,
+                out={"quant_out": torch.empty(x.shape, dtype=torch.float8_e4m3fn)} if fp8
+                else {"norm_out": tensors["norm_out"]})
+        assert e.value.message.startswith(name if name != "norm_out" else "out['norm_out']")
+        assert "negative bit set" in e.value.message and ".resolve_neg()" in e.value.message
+    # Resolved, the same values run and carry their sign; so do the op's
+    # inputs, which torch's dispatcher resolves before the op sees them.
+    x, residual, weight = inputs(seed=3)
+    want = reference(-x, residual, weight)[0]
+    r = comm.allreduce_fusion(torch._neg_view(x).resolve_neg(), residual, weight)
+    assert torch.equal(r.residual_out, want)
+    residual_out, norm_out = torch.empty_like(x), torch.empty_like(x)
+    torch.ops.arbiter.allreduce_fusion(comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM),
+                                       torch._neg_view(x), residual, weight, None, residual_out,
+                                       norm_out)
+    assert torch.equal(residual_out, want)
+
+
 def test_fp8_output_is_e4m3fn_and_other_float8_formats_are_refused(comm):
     x, residual, weight = inputs()
     r = comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp8", scale=0.5)
@@ -168,6 +200,8 @@ def test_nvfp4_outputs_are_made_and_refused_by_shm_with_the_reason(comm):
         (lambda a: a.update(out={"norm_out": a["x"].view(torch.int16).numpy()}),
          "out['norm_out']: a ndarray; the other arguments are torch tensors"),
         (lambda a: a.update(out={"sum": a["x"]}), "out: unknown keys ['sum']"),
+        (lambda a: a.update(out=[a["x"]]), "out: a list; pass a dict of output name -> tensor"),
+        (lambda a: a.update(out="norm_out"), "out: a str; pass a dict"),
         (lambda a: a.update(out={"norm_out": None}), "out: norm_out is required"),
         (lambda a: a.update(stream=7), "stream: this communicator runs on host memory"),
         (lambda a: a.update(eps=float("nan")), "eps nan must be finite"),
