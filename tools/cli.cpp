@@ -104,7 +104,7 @@ void add_config_option(po::options_description& desc) {
       ("upstream table layered over the default, under the site tables: " + presets).c_str());
 }
 
-std::optional<Policy> load_policy(const po::variables_map& vm) {
+LoadOptions load_options(const po::variables_map& vm) {
   LoadOptions options = LoadOptions::from_environment();
   if (vm.count("config")) {
     options.site_files = vm["config"].as<std::vector<std::string>>();
@@ -113,7 +113,11 @@ std::optional<Policy> load_policy(const po::variables_map& vm) {
     options.site_files.insert(options.site_files.begin(),
                               std::string(kPresetPrefix) + vm["preset"].as<std::string>());
   }
-  LoadResult result = Policy::load(options);
+  return options;
+}
+
+std::optional<Policy> load_policy(const po::variables_map& vm) {
+  LoadResult result = Policy::load(load_options(vm));
   for (const Diagnostic& d : result.diagnostics) {
     std::cerr << d.to_string() << "\n";
   }

@@ -43,11 +43,14 @@ po::variables_map parse(const Args& args, const po::options_description& desc,
 // failure (errno changes).
 std::string write_error(const std::string& path, const char* what);
 
-// Adds --config FILE... (repeatable).
+// Adds --config FILE... (repeatable) and --preset NAME.
 void add_config_option(po::options_description& desc);
 
-// Loads default <- (--config files, else ARBITER_CONFIG) with
-// ARBITER_BACKENDS. Prints diagnostics to stderr; nullopt on errors.
+// The layers those options name: default <- --preset <- (--config files,
+// else ARBITER_CONFIG), with ARBITER_BACKENDS.
+LoadOptions load_options(const po::variables_map& vm);
+
+// Loads load_options(vm). Prints diagnostics to stderr; nullopt on errors.
 std::optional<Policy> load_policy(const po::variables_map& vm);
 
 // Adds the request flags: --capability, --world-size, --nodes,

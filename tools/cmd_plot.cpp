@@ -58,14 +58,8 @@ int cmd_plot(const Args& args) {
   PlotOptions options;
   options.title = vm["title"].as<std::string>();
   options.topology = TopologyFlags{vm["nvlink-domain"].as<bool>(), vm["multicast"].as<bool>()};
-  std::vector<std::string> sites;
-  if (vm.count("config")) {
-    sites = vm["config"].as<std::vector<std::string>>();
-  } else {
-    sites = LoadOptions::from_environment().site_files;
-  }
   options.tables = "tables default";
-  for (const std::string& s : sites) options.tables += " + " + s;
+  for (const std::string& s : load_options(vm).site_files) options.tables += " + " + s;
 
   errno = 0;
   std::ofstream file(output, std::ios::binary | std::ios::trunc);

@@ -26,8 +26,10 @@ constexpr const char* kTuneUsage =
     "Derives, per (capability, world size, nodes, pattern, dtype, residual, buffers)\n"
     "measured, the fusion cap\n"
     "(the measured size that, as one cap, fits the measurements best: the least regret\n"
-    "summed over the measured sizes, the best fused option counted PCT% faster than\n"
-    "measured, against the best unfused one), the one-shot cap of\n"
+    "summed over the measured sizes, the fused option the tables run at each size\n"
+    "(their preferred eligible backend, one-shot or two-shot by the tuned one-shot\n"
+    "rules; the best fused one measured when no fused backend is eligible) counted\n"
+    "PCT% faster than measured, against the best unfused one), the one-shot cap of\n"
     "single-node trtllm (one-shot against two-shot, by the same rule) and the one-shot\n"
     "threshold of shm and mnnvl (oneshot_max_total: the smallest one-shot split x world\n"
     "size over the groups measured); prints them with\n"
@@ -121,8 +123,9 @@ std::string summary(const Regret& r) {
   return s;
 }
 
-void report_group(std::ostream& out, const Group& g, double margin, const Policy& current,
-                  const std::optional<Policy>& tuned, const TopologyFlags& topology) {
+void report_group(std::ostream& out, const Group& g, double margin, const FusedRun& fused_run,
+                  const Policy& current, const std::optional<Policy>& tuned,
+                  const TopologyFlags& topology) {
   out << g.key.to_string() << "\n";
   std::string files;
   for (const std::string& f : g.files) files += (files.empty() ? "" : ", ") + f;
@@ -131,7 +134,7 @@ void report_group(std::ostream& out, const Group& g, double margin, const Policy
   for (const Curve& c : g.curves) options += (options.empty() ? "" : ", ") + c.option.label();
   out << "  measured " << format_size(g.sizes.front()) << " .. " << format_size(g.sizes.back())
       << " (" << g.sizes.size() << " sizes): " << options << "\n";
-  out << "  fusion cap:   " << fusion_cap(g, margin).text() << "\n";
+  out << "  fusion cap:   " << fusion_cap(g, margin, fused_run).text() << "\n";
   const Cap oneshot = oneshot_cap(g, margin);
   if (g.key.nodes == 1 || oneshot.kind != Cap::Kind::kNone) {
     out << "  one-shot cap: " << oneshot.text() << "\n";
@@ -238,13 +241,25 @@ int cmd_tune(const Args& args) {
   OverlayOptions overlay_options;
   overlay_options.margin_pct = margin;
   overlay_options.date = today();
+  // The current tables with `yaml` on top, as a site file would be.
+  auto over_current = [&](const std::string& yaml) {
+    LoadOptions load = load_options(vm);
+    load.overrides.yaml(output.empty() ? "overlay" : output, yaml);
+    return Policy::load(load);
+  };
+  // The one-shot rules first: with them the tables say which fused option
+  // runs at each size, and the fusion caps weigh that option.
+  overlay_options.fusion_cells = false;
+  const LoadResult staged =
+      over_current(make_overlay(grouping.groups, set.files, overlay_options).yaml);
+  overlay_options.fusion_cells = true;
+  if (staged.policy) {
+    overlay_options.fused_run = [&](const Group& g) {
+      return tables_fused_run(*staged.policy, g, topology);
+    };
+  }
   const Overlay overlay = make_overlay(grouping.groups, set.files, overlay_options);
-
-  // The current tables with the overlay on top, as a site file would be.
-  LoadOptions load = LoadOptions::from_environment();
-  if (vm.count("config")) load.site_files = vm["config"].as<std::vector<std::string>>();
-  load.overrides.yaml(output.empty() ? "overlay" : output, overlay.yaml);
-  LoadResult tuned = Policy::load(load);
+  LoadResult tuned = over_current(overlay.yaml);
   int rc = kExitOk;
   if (!tuned.policy) {
     std::cerr << "arbiter tune: the overlay does not load over the current tables:\n";
@@ -253,7 +268,8 @@ int cmd_tune(const Args& args) {
   }
 
   for (const Group& g : grouping.groups) {
-    report_group(out, g, margin, *current, tuned.policy, topology);
+    const FusedRun runs = overlay_options.fused_run ? overlay_options.fused_run(g) : FusedRun{};
+    report_group(out, g, margin, runs, *current, tuned.policy, topology);
   }
   for (const std::string& note : overlay.notes) out << "note: " << note << "\n";
 

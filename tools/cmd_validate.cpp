@@ -24,8 +24,9 @@ int cmd_validate(const Args& args) {
   po::variables_map vm = parse(args, desc, &positional);
   if (vm.count("help")) {
     std::cout << "usage: arbiter validate FILE...   (a FILE may be preset:NAME)\n"
-                 "       arbiter validate            (the ARBITER_CONFIG stack, as every\n"
-                 "                                    consumer of this environment loads it)\n"
+                 "       arbiter validate            (the ARBITER_CONFIG stack with\n"
+                 "                                    ARBITER_BACKENDS, as every consumer of\n"
+                 "                                    this environment loads it)\n"
                  "exit 0: every file is valid; 1: some file is not; 2: usage error, or a file\n"
                  "that cannot be read\n\n"
               << desc;
@@ -33,8 +34,9 @@ int cmd_validate(const Args& args) {
   }
   const bool over_default = !vm["standalone"].as<bool>();
   bool layered = vm["layered"].as<bool>();
+  const bool from_environment = !vm.count("file");
   std::vector<std::string> files;
-  if (vm.count("file")) {
+  if (!from_environment) {
     files = vm["file"].as<std::vector<std::string>>();
   } else {
     // What every consumer of this environment loads: ARBITER_CONFIG's files
@@ -71,10 +73,15 @@ int cmd_validate(const Args& args) {
     }
   }
   if (unreadable > 0) return kExitUsage;
-  if (layered && invalid == 0 && files.size() > 1) {
+  // From the environment, ARBITER_BACKENDS counts too, as for every
+  // consumer: a name it gets wrong fails every load, even over one file.
+  const LoadOptions environment = LoadOptions::from_environment();
+  const bool backends_set = from_environment && environment.backends_env.has_value();
+  if (layered && invalid == 0 && (files.size() > 1 || backends_set)) {
     std::string stack;
     for (const std::string& f : files) stack += (stack.empty() ? "" : ":") + f;
-    LoadOptions options;
+    if (backends_set) stack += " with ARBITER_BACKENDS=" + *environment.backends_env;
+    LoadOptions options = from_environment ? environment : LoadOptions{};
     options.with_default = over_default;
     options.site_files = files;
     const LoadResult r = Policy::load(options);
@@ -83,8 +90,9 @@ int cmd_validate(const Args& args) {
       if (d.severity == Severity::kError) std::cerr << d.to_string() << "\n";
     }
     if (!r.policy) {
-      std::cerr << "error: each file is valid alone, but not layered in this order "
-                   "(ARBITER_CONFIG="
+      std::cerr << (backends_set ? "error: this environment's tables do not load (ARBITER_CONFIG="
+                                 : "error: each file is valid alone, but not layered in this "
+                                   "order (ARBITER_CONFIG=")
                 << stack << ")\n";
       return kExitFailed;
     }

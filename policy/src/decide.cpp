@@ -74,6 +74,24 @@ void explain_fallback(const Compiled& c, const Request& r, Reason reason, Decisi
   d.backend = why == Ineligible::kEligible ? fb : Backend::kNone;
 }
 
+// The preference walk: the first eligible backend runs the call fused.
+bool explain_fused(const Compiled& c, const Request& r, Decision& d) {
+  const int topo = static_cast<int>(topology_of(r));
+  for (int i = 0; i < c.preference_size[topo]; ++i) {
+    const Backend b = c.preference[topo][i];
+    const Ineligible why = c.check(b, r);
+    record(d, Rule::kBackendCheck, b, static_cast<std::uint8_t>(why),
+           c.tables.preference_origin[topo], 0, 0);
+    if (why != Ineligible::kEligible) continue;
+    d.backend = b;
+    d.fused = true;
+    d.reason = Reason::kFused;
+    explain_algorithm(c, r, b, d);
+    return true;
+  }
+  return false;
+}
+
 // One rank is a valid group: no cell fuses it (cells need 2), so the
 // fallback runs its epilogue, where the fallback's world_sizes include 1.
 bool valid_request(const Request& r) {
@@ -121,20 +139,14 @@ Decision Policy::explain(const Request& r) const noexcept {
     explain_fallback(c, r, Reason::kAboveCap, d);
     return d;
   }
-  const int topo = static_cast<int>(topology_of(r));
-  for (int i = 0; i < c.preference_size[topo]; ++i) {
-    const Backend b = c.preference[topo][i];
-    const Ineligible why = c.check(b, r);
-    record(d, Rule::kBackendCheck, b, static_cast<std::uint8_t>(why),
-           c.tables.preference_origin[topo], 0, 0);
-    if (why != Ineligible::kEligible) continue;
-    d.backend = b;
-    d.fused = true;
-    d.reason = Reason::kFused;
-    explain_algorithm(c, r, b, d);
-    return d;
-  }
-  explain_fallback(c, r, Reason::kNoEligibleBackend, d);
+  if (!explain_fused(c, r, d)) explain_fallback(c, r, Reason::kNoEligibleBackend, d);
+  return d;
+}
+
+Decision Policy::fused_choice(const Request& r) const noexcept {
+  Decision d;
+  if (valid_request(r)) explain_fused(*impl_, r, d);
+  d.trace.clear();
   return d;
 }
 

@@ -157,6 +157,37 @@ BOOST_AUTO_TEST_CASE(decide_agrees_with_explain_on_every_request) {
   BOOST_TEST(checked > 1000000);
 }
 
+// fused_choice(): what decide() runs fused, wherever decide() fuses; the
+// same walk above the cap (for `arbiter tune`, which weighs that option).
+BOOST_AUTO_TEST_CASE(fused_choice_is_the_fused_decision_without_the_cap) {
+  long fused = 0, n = 0;
+  for (const Policy& p : policies()) {
+    for_each_request([&](const Request& r) {
+      if (++n % 8 != 0) return;  // a sample keeps the suite quick
+      const Decision d = p.decide(r);
+      const Decision choice = p.fused_choice(r);
+      if (d.fused) {
+        ++fused;
+        if (!choice.same_choice(d))
+          BOOST_ERROR("fused_choice != decide for " << p.explain_text(r, d));
+      }
+      if (choice.backend == Backend::kNone && d.fused) BOOST_ERROR("no fused choice, but fused");
+      BOOST_TEST_REQUIRE(choice.trace.size() == 0);
+    });
+  }
+  BOOST_TEST(fused > 10000);
+  Request r;
+  r.capability = Capability::sm(100);
+  r.world_size = 4;
+  r.message_bytes = kTiB;  // far above the default cap
+  BOOST_TEST(!with("").decide(r).fused);
+  const Decision above = with("").fused_choice(r);
+  BOOST_TEST((above.backend == Backend::kTrtllm && above.algorithm == Algorithm::kTwoshot));
+  BOOST_TEST(above.fused);
+  r.nodes = 2;  // no NVLink domain: nothing fused is eligible
+  BOOST_TEST((with("").fused_choice(r).backend == Backend::kNone));
+}
+
 BOOST_AUTO_TEST_CASE(decide_never_allocates) {
   const std::vector<Policy> all = policies();
   long decisions = 0;

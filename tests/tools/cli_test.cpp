@@ -250,8 +250,6 @@ BOOST_AUTO_TEST_CASE(arbiter_config_and_config_flag_apply_a_site_file) {
   BOOST_TEST(contains(r.output, "/nonexistent.yaml: error: cannot open"), r.output);
 }
 
-// A shared site file's provenance may hold an escape sequence (written as
-// "\e]0;...\a" in YAML): show prints it as text, never to the terminal.
 // Two site files each valid alone whose cells conflict once layered: every
 // consumer of ARBITER_CONFIG=a:b refuses the stack, and validate said both
 // were valid. Now --layered, or validate without files under ARBITER_CONFIG,
@@ -281,6 +279,15 @@ BOOST_AUTO_TEST_CASE(validate_checks_the_stack_that_arbiter_config_makes) {
   r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + a + bin);
   BOOST_TEST(r.exit_code == 0, r.output);
   BOOST_TEST(contains(r.output, a + ": valid"), r.output);
+  // ARBITER_BACKENDS is part of what the environment loads: a name it gets
+  // wrong fails every consumer, so validate says so too (it was ignored).
+  r = run_command("env ARBITER_BACKENDS=shm,nccl,foo ARBITER_CONFIG=" + a + bin);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "ARBITER_BACKENDS: error: unknown backend 'foo'"), r.output);
+  BOOST_TEST(contains(r.output, "(ARBITER_CONFIG=" + a + " with ARBITER_BACKENDS=shm,nccl,foo)"),
+             r.output);
+  r = run_command("env ARBITER_BACKENDS=shm,nccl ARBITER_CONFIG=" + a + bin);
+  BOOST_TEST(r.exit_code == 0, r.output);
   r = run_arbiter("validate");
   BOOST_TEST(r.exit_code == 2, r.output);
   BOOST_TEST(contains(r.output, "or set ARBITER_CONFIG"), r.output);
@@ -288,6 +295,8 @@ BOOST_AUTO_TEST_CASE(validate_checks_the_stack_that_arbiter_config_makes) {
   std::remove(b.c_str());
 }
 
+// A shared site file's provenance may hold an escape sequence (written as
+// "\e]0;...\a" in YAML): show prints it as text, never to the terminal.
 BOOST_AUTO_TEST_CASE(show_prints_control_characters_as_text) {
   const std::string site = "cli_test_show_escape.yaml";
   std::ofstream(site) << "format: 1\nprovenance: {source: \"a\\e]0;pwned\\a\\e[31mRED\\rX\"}\n";

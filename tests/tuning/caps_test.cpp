@@ -280,3 +280,43 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_is_a_group_of_its_own) {
                                    "cpu,2,1,bf16,4096,2,16384,allreduce,shm,oneshot,1,12\n");
   BOOST_TEST(!allreduce->only_group().key.residual.has_value());
 }
+
+// With the option the tables run: its curve alone is weighed, sizes where it
+// was not measured are left out, and a choice never measured gives no cap
+// (rather than one from an option the tables would not run).
+BOOST_AUTO_TEST_CASE(the_fusion_cap_weighs_the_option_the_tables_run) {
+  const auto data = load_fixtures({"other_fused_backend.csv"});
+  const Group& g = data->only_group();
+  BOOST_TEST(fusion_cap(g, 0).bytes == 16 * kMiB);  // mnnvl's curve, the best fused
+  const FusedRun trtllm = [](std::uint64_t b) -> std::optional<Option> {
+    return Option{"trtllm", b <= 256 * kKiB ? "oneshot" : "twoshot", true};
+  };
+  const Cap cap = fusion_cap(g, 0, trtllm);
+  BOOST_TEST((cap.kind == Cap::Kind::kBytes));
+  BOOST_TEST(cap.bytes == 1 * kMiB);
+  BOOST_TEST(cap.lost_at == 2 * kMiB);
+  BOOST_TEST(cap.lost_us == 60.0);
+
+  const FusedRun gaps = [](std::uint64_t b) -> std::optional<Option> {
+    if (b == 2 * kMiB) return Option{"mnnvl", "oneshot", true};  // never measured
+    return Option{"trtllm", "twoshot", true};
+  };
+  const Cap skipped = fusion_cap(g, 0, gaps);
+  BOOST_TEST(skipped.compared.size() == 8u);
+  BOOST_TEST(skipped.bytes == 1 * kMiB);
+  BOOST_TEST(skipped.lost_at == 4 * kMiB);
+
+  const FusedRun unmeasured = [](std::uint64_t) -> std::optional<Option> {
+    return Option{"mnnvl", "oneshot", true};
+  };
+  const Cap none = fusion_cap(g, 0, unmeasured);
+  BOOST_TEST((none.kind == Cap::Kind::kNone));
+  BOOST_TEST(none.why ==
+             "the tables run mnnvl oneshot fused here, never measured at a size where an "
+             "unfused option was; measure it");
+
+  // No fused backend eligible (a multi-node group without --nvlink-domain):
+  // the best fused option, as without `runs`.
+  const FusedRun ineligible = [](std::uint64_t) { return std::optional<Option>{}; };
+  BOOST_TEST(fusion_cap(g, 0, ineligible).bytes == 16 * kMiB);
+}

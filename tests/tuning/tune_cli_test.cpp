@@ -336,3 +336,67 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_gets_its_own_one_shot_cell) {
   const std::string distinct = decide("--bytes 16KiB");
   BOOST_TEST(distinct.starts_with("shm oneshot fused"), distinct);
 }
+
+// The fusion cap weighs the fused option the tables run. mnnvl two-shot
+// beats nccl at every size, but on one node the default tables run trtllm,
+// whose two-shot loses from 2 MiB: the cap was 16 MiB (the best fused option
+// of any backend), and the overlay ran trtllm where nccl is faster.
+BOOST_AUTO_TEST_CASE(the_fusion_cap_weighs_the_fused_option_the_tables_run) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  CommandResult r = run_arbiter("tune " + fixture("other_fused_backend.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output,
+                      "  fusion cap:   1 MiB (fused lost at 2 MiB: 60 us against 50 us for nccl "
+                      "native unfused)\n"),
+             r.output);
+  BOOST_TEST(contains(r.output,
+                      "      2 MiB   mnnvl twoshot fused, 40 us    trtllm oneshot "
+                      "fused, 75 us     87.5%   nccl native unfused, 50 us     25.0%"),
+             r.output);
+  BOOST_TEST(contains(r.output, "  with the overlay: mean 16.7%, worst 36.4% at 1 MiB\n"),
+             r.output);
+  BOOST_TEST(
+      contains(read_file(out),
+               "  - {capability: 100, world_size: 4, pattern: residual_rmsnorm, max: 1MiB}"));
+
+  // Under a preset that runs mnnvl on one node (given multicast), mnnvl's
+  // curve is what the tables run: 16 MiB, and the report's "with the
+  // overlay" is the preset with the overlay (it was the default's).
+  r = run_arbiter("tune " + fixture("other_fused_backend.csv") +
+                  " --preset vllm-main-2026-08-13 --multicast -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output,
+                      "  fusion cap:   16 MiB (fused won at every compared size, 512 KiB "
+                      ".. 16 MiB (6 sizes); nothing is known above)\n"),
+             r.output);
+  BOOST_TEST(count(r.output, "mean 0.0%, worst 0.0% (3 sizes not measured, left out)\n") == 2,
+             r.output);
+  BOOST_TEST(!contains(r.output, "trtllm twoshot fused, 4"), r.output);
+}
+
+// shm takes one one-shot threshold for every world size: the 4-rank split
+// (32 KiB x 4) makes 2-rank calls above 64 KiB two-shot, which loses to the
+// baseline. The 2-rank cap was 2 MiB (one-shot's curve); it is 64 KiB.
+BOOST_AUTO_TEST_CASE(the_fusion_cap_follows_the_threshold_the_overlay_writes) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  const CommandResult r = run_arbiter("tune " + fixture("shared_threshold_cpu.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output,
+                      "  fusion cap:   64 KiB (fused lost at 128 KiB: 292 us against 228 us for "
+                      "shm native unfused)\n"),
+             r.output);
+  BOOST_TEST(contains(r.output, "  with the overlay: mean 62.5%, worst 100.0% at 128 KiB\n"),
+             r.output);
+  const std::string yaml = read_file(out);
+  BOOST_TEST(contains(yaml,
+                      "{capability: cpu, world_size: 2, pattern: residual_rmsnorm, max: "
+                      "64KiB}"),
+             yaml);
+  BOOST_TEST(contains(yaml,
+                      "{capability: cpu, world_size: 4, pattern: residual_rmsnorm, max: "
+                      "2MiB}"),
+             yaml);
+  BOOST_TEST(contains(yaml, "    oneshot_max_total: 128KiB\n"), yaml);
+}

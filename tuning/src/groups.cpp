@@ -257,7 +257,7 @@ std::string Cap::text() const {
          "; nothing is known above)";
 }
 
-Cap fusion_cap(const Group& group, double margin_pct) {
+Cap fusion_cap(const Group& group, double margin_pct, const FusedRun& runs) {
   const bool any_fused = std::any_of(group.curves.begin(), group.curves.end(),
                                      [](const Curve& c) { return c.option.fused; });
   const bool any_unfused = std::any_of(group.curves.begin(), group.curves.end(),
@@ -270,10 +270,39 @@ Cap fusion_cap(const Group& group, double margin_pct) {
                            "fusion cap";
     return cap;
   }
-  Cap cap = derive(
-      group, margin_pct, "fused", [&](std::uint64_t b) { return group.best(b, true); },
-      [&](std::uint64_t b) { return group.best(b, false); });
-  if (cap.compared.empty()) cap.why = "fused and unfused options were never measured at one size";
+  // The options the tables run fused, by size; empty when none is eligible.
+  std::vector<std::optional<Option>> run;
+  if (runs) {
+    for (std::uint64_t b : group.sizes) run.push_back(runs(b));
+    if (std::none_of(run.begin(), run.end(), [](const auto& o) { return o.has_value(); })) {
+      run.clear();
+    }
+  }
+  const BestAt fused = [&](std::uint64_t b) -> std::optional<Group::Best> {
+    if (run.empty()) return group.best(b, true);
+    const auto at = std::lower_bound(group.sizes.begin(), group.sizes.end(), b);
+    const std::optional<Option>& option = run[at - group.sizes.begin()];
+    const Curve* c = option ? group.curve(*option) : nullptr;
+    const Point* p = c ? c->at(b) : nullptr;
+    if (!p) return std::nullopt;
+    return Group::Best{p->latency_us, c};
+  };
+  Cap cap = derive(group, margin_pct, "fused", fused,
+                   [&](std::uint64_t b) { return group.best(b, false); });
+  if (cap.compared.empty() && !run.empty()) {
+    std::vector<std::string> unmeasured;
+    for (const std::optional<Option>& o : run) {
+      if (o && std::find(unmeasured.begin(), unmeasured.end(), o->label()) == unmeasured.end()) {
+        unmeasured.push_back(o->label());
+      }
+    }
+    std::string list;
+    for (const std::string& label : unmeasured) list += (list.empty() ? "" : ", ") + label;
+    cap.why = "the tables run " + list +
+              " here, never measured at a size where an unfused option was; measure it";
+  } else if (cap.compared.empty()) {
+    cap.why = "fused and unfused options were never measured at one size";
+  }
   return cap;
 }
 

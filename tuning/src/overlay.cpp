@@ -145,7 +145,9 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   std::map<Scope, bool> has_trtllm;
   for (const Group& g : groups) {
     const Scope scope = Scope::of(g.key);
-    fusion_by_scope[scope].push_back({&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct)}});
+    const FusedRun runs = options.fused_run ? options.fused_run(g) : FusedRun{};
+    fusion_by_scope[scope].push_back(
+        {&g, Derived{g.key.dtype, fusion_cap(g, options.margin_pct, runs)}});
     oneshot_by_scope[scope].push_back(Derived{g.key.dtype, oneshot_cap(g, options.margin_pct)});
     for (const Curve& c : g.curves) {
       if (c.option.fused && c.option.backend == "trtllm") has_trtllm[scope] = true;
@@ -155,6 +157,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   Overlay overlay;
   std::map<Scope, const OverlayCell*> fusion_cell;
   overlay.fusion.reserve(fusion_by_scope.size());
+  if (!options.fusion_cells) fusion_by_scope.clear();
   for (const auto& [scope, entries] : fusion_by_scope) {
     std::vector<Derived> caps;
     for (const auto& e : entries) caps.push_back(e.second);
@@ -309,8 +312,15 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "#\n";
   y += "# Every cap is a measured size, never interpolated: the one that fits the\n";
   y += "# measurements best as a single cap (the least regret summed over the measured\n";
-  y += "# sizes) for the best fused option (fusion) or trtllm one-shot (oneshot) against\n";
-  y += "# the best unfused option (two-shot), counting the former " + margin + " faster.\n";
+  if (options.fused_run) {
+    y += "# sizes) for the fused option the tables run at each size (fusion: their preferred\n";
+    y += "# eligible backend, one-shot or two-shot by the one-shot rules below) against the\n";
+    y += "# best unfused option, or trtllm one-shot (oneshot) against two-shot, counting the\n";
+    y += "# former " + margin + " faster.\n";
+  } else {
+    y += "# sizes) for the best fused option (fusion) or trtllm one-shot (oneshot) against\n";
+    y += "# the best unfused option (two-shot), counting the former " + margin + " faster.\n";
+  }
   y += "# A backend's oneshot_max_total is the smallest one-shot split x world size over\n";
   y += "# the groups that measured its one-shot and two-shot.\n";
   y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";

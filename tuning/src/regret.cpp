@@ -34,6 +34,15 @@ Request request_at(const Group& group, std::uint64_t bytes, const TopologyFlags&
   return r;
 }
 
+FusedRun tables_fused_run(const Policy& policy, const Group& group, const TopologyFlags& topology) {
+  return [&policy, &group, topology](std::uint64_t bytes) -> std::optional<Option> {
+    const Decision d = policy.fused_choice(request_at(group, bytes, topology));
+    if (d.backend == Backend::kNone) return std::nullopt;
+    return Option{std::string(backend_name(d.backend)), std::string(algorithm_name(d.algorithm)),
+                  true};
+  };
+}
+
 std::string decision_label(const Decision& d) {
   if (d.backend == Backend::kNone) return "no backend";
   return std::string(backend_name(d.backend)) + " " + std::string(algorithm_name(d.algorithm)) +

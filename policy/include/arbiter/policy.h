@@ -95,6 +95,14 @@ class Policy {
   // size (no cell, `off`, or no eligible fused backend).
   std::optional<std::uint64_t> max_fused_bytes(const Request& request) const noexcept;
 
+  // The fused backend and algorithm decide() would run this request with,
+  // were it under a fusion cap: the preference walk and the algorithm rule
+  // alone, the fusion table not consulted. Backend::kNone when no fused
+  // backend is eligible (or the request is invalid). For `arbiter tune`,
+  // which must weigh the fused option the tables run, not the best one
+  // measured. Not the hot path.
+  Decision fused_choice(const Request& request) const noexcept;
+
   // The same tables with the backends in `mask` (bit 1 << Backend) no longer
   // allowed: what decide() with Request::excluded_backends = mask answers, on
   // the fast path. For a runtime whose workspaces for those backends failed.

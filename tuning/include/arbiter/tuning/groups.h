@@ -33,6 +33,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -137,8 +138,16 @@ struct Cap {
   std::string text() const;
 };
 
-// The fusion cap: fused against unfused. margin_pct >= 0.
-Cap fusion_cap(const Group& group, double margin_pct);
+// The fused option the tables run at `bytes` (std::nullopt: no fused
+// backend is eligible for the group): see tables_fused_run() in regret.h.
+using FusedRun = std::function<std::optional<Option>(std::uint64_t bytes)>;
+
+// The fusion cap: fused against unfused. margin_pct >= 0. With `runs`, the
+// fused side at each size is the option the tables run there (sizes where
+// it was not measured are not compared), so that the cap never rests on a
+// backend or algorithm the tables would not pick; without it, or when no
+// fused backend is eligible at all, the best fused option measured.
+Cap fusion_cap(const Group& group, double margin_pct, const FusedRun& runs = {});
 
 // The one-shot cap of single-node trtllm: one-shot against two-shot.
 // kNone for multi-node groups and groups without both algorithms measured.

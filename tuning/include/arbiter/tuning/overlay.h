@@ -34,6 +34,13 @@
 // (mnnvl) such a split is a note: only cpu one-shot cells set a threshold
 // backend's split.
 //
+// Fusion caps weigh the fused option the tables run at each size (the
+// backend their preference picks, one-shot or two-shot by the one-shot cells
+// and thresholds written here): `arbiter tune` derives the one-shot rules
+// first, loads them over the current tables, then the fusion caps
+// (OverlayOptions::fused_run). A faster fused backend the tables would not
+// run never raises a cap.
+//
 // Groups measured in registered memory (`arbiter bench --registered`) are
 // treated the same way with the key `buffers: registered` (both keys for a
 // group that is both): their cells win over the unkeyed ones for calls whose
@@ -42,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +65,12 @@ struct OverlayOptions {
   std::string date;
   // Provenance `tool`; empty: "arbiter tune VERSION".
   std::string tool;
+  // The fused option the tables run, by group and size (see fusion_cap());
+  // empty: the best fused option measured.
+  std::function<FusedRun(const Group&)> fused_run;
+  // false: no fusion cells (nor one-shot cells lowered to them): the one-shot
+  // rules alone, the tables fused_run must read.
+  bool fusion_cells = true;
 };
 
 struct OverlayCell {

@@ -38,6 +38,12 @@ Request group_request(const GroupKey& key, const TopologyFlags& topology);
 // The request for one measured size of the group (see above).
 Request request_at(const Group& group, std::uint64_t bytes, const TopologyFlags& topology);
 
+// The fused option `policy` runs for the group's request at each size
+// (Policy::fused_choice): what fusion_cap() weighs, so that a cap rests on
+// the backend and algorithm these tables pick. `policy` and `group` must
+// outlive the result.
+FusedRun tables_fused_run(const Policy& policy, const Group& group, const TopologyFlags& topology);
+
 // "trtllm oneshot fused", "nccl native unfused", "no backend".
 std::string decision_label(const Decision& decision);
 
