@@ -9,7 +9,6 @@ struct.pack_into, as on the torch path.
 
 from __future__ import annotations
 
-import math
 import sys
 from time import monotonic as _now
 
@@ -17,6 +16,7 @@ from . import _library, _numpy_call
 from ._results import FP8_HINT, OUTPUTS, FusionResult, nvfp4_scale_bytes, stream_handle
 from .arrays import Borrowed, borrow
 from .errors import invalid_argument as _invalid
+from .errors import FLOAT32_MAX as _F32_MAX
 from .errors import real_number as _real
 from .policy import Dtype, Pattern, parse_pattern
 
@@ -159,9 +159,9 @@ def _prepare(comm, x, residual, weight, eps, pattern, out, stream, scale, weight
             _check(rv, "residual", (tokens, hidden), elements)
         wv = _borrow(comm, weight, "weight", handle, held)
         _check(wv, "weight", (hidden,), elements)
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            eps = _real(eps, "eps", nonnegative=True)  # a numpy scalar, or refused
-        if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
+        if not (type(eps) is float and 0 <= eps <= _F32_MAX):
+            eps = _real(eps, "eps", nonnegative=True)  # an int, a numpy scalar, or refused
+        if not (type(weight_bias) is float and -_F32_MAX <= weight_bias <= _F32_MAX):
             weight_bias = _real(weight_bias, "weight_bias")
         residual_at, gamma_at = (0 if rv is None else rv.address), wv.address
         flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
@@ -177,13 +177,7 @@ def _prepare(comm, x, residual, weight, eps, pattern, out, stream, scale, weight
         if isinstance(scale, (int, float)) and not isinstance(scale, bool):
             if comm.device >= 0:
                 raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
-            try:
-                usable = math.isfinite(scale) and scale > 0
-            except OverflowError:  # an int beyond any float (10**400)
-                usable = False
-            if not usable:
-                raise _invalid(f"scale {scale!r:.40}: it must be finite and > 0")
-            comm._scale_value.value = scale
+            comm._scale_value.value = _real(scale, "scale", positive=True)
             scale_at = comm._scale_address
         else:
             sv = _borrow(comm, scale, "scale", handle, held)

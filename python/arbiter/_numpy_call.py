@@ -13,11 +13,11 @@ own: the two paths cannot disagree on what they refuse.
 from __future__ import annotations
 
 import ctypes
-import math
 from time import monotonic as _now
 
 from . import _library
 from ._results import FusionResult
+from .errors import FLOAT32_MAX as _F32_MAX
 from .policy import Dtype, Pattern
 
 _NUMPY_DTYPES = {Dtype.FP16: "float16", Dtype.BF16: "uint16", Dtype.FP32: "float32"}
@@ -83,8 +83,10 @@ def try_run(comm, numpy, x, residual, weight, eps, pattern, out, stream, scale, 
         gamma_at = _address(weight, ndarray, dtype, (hidden,), False)
         if not gamma_at:
             return None
-        if not (type(eps) in (int, float) and math.isfinite(eps) and eps >= 0
-                and type(weight_bias) in (int, float) and math.isfinite(weight_bias)):
+        # Plain floats a float32 holds; anything else (an int beyond any
+        # float raised here, unjoined) goes to the general path to be refused.
+        if not (type(eps) is float and 0 <= eps <= _F32_MAX
+                and type(weight_bias) is float and -_F32_MAX <= weight_bias <= _F32_MAX):
             return None
         flags = _library.RUN_RESIDUAL_REPLICATED if residual_replicated else 0
     elif residual is not None or weight is not None:

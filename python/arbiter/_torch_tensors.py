@@ -14,7 +14,6 @@ Imported only when torch is.
 
 from __future__ import annotations
 
-import math
 from time import monotonic as _now
 
 import torch
@@ -23,6 +22,8 @@ from . import _library
 from .arrays import Borrowed
 from ._results import OUTPUTS, nvfp4_scale_bytes
 from .errors import invalid_argument as _invalid
+from .errors import FLOAT32_MAX as _F32_MAX
+from .errors import FLOAT32_TINIEST as _F32_TINIEST
 from .errors import real_number as _real
 from .policy import Dtype
 
@@ -94,14 +95,22 @@ def _neg(what: str):
 
 
 def _check(t, what: str, shape, dtype: torch.dtype, device: int) -> None:
-    if not (t.dtype is dtype and t.shape == shape and t.is_contiguous() and not t.is_neg()
-            and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device)):
+    try:  # free unless raised: a list has no .dtype, and _refuse says what it is
+        ok = (t.dtype is dtype and t.shape == shape and t.is_contiguous() and not t.is_neg()
+              and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device))
+    except AttributeError:
+        ok = False
+    if not ok:
         _refuse(t, what, shape, (dtype,), device)
 
 
 def _check_bytes(t, what: str, shape: tuple, dtypes: tuple, device: int) -> None:
-    if not (t.dtype in dtypes and t.shape == shape and t.is_contiguous() and not t.is_neg()
-            and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device)):
+    try:
+        ok = (t.dtype in dtypes and t.shape == shape and t.is_contiguous() and not t.is_neg()
+              and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device))
+    except AttributeError:
+        ok = False
+    if not ok:
         _refuse(t, what, shape, dtypes, device,
                 " (the kernels write float8 e4m3fn; another float8 format would hold wrong "
                 "values)" if torch.float8_e4m3fn in dtypes else "")
@@ -142,9 +151,9 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
         if residual is not None:  # None: a first block, no residual added
             _check(residual, "residual", shape, dtype, device)
         _check(weight, "weight", (hidden,), dtype, device)
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            eps = _real(eps, "eps", nonnegative=True)  # a numpy scalar, or refused
-        if not (isinstance(weight_bias, (int, float)) and math.isfinite(weight_bias)):
+        if not (type(eps) is float and 0 <= eps <= _F32_MAX):
+            eps = _real(eps, "eps", nonnegative=True)  # an int, a numpy scalar, or refused
+        if not (type(weight_bias) is float and -_F32_MAX <= weight_bias <= _F32_MAX):
             weight_bias = _real(weight_bias, "weight_bias")
     elif residual is not None or weight is not None:
         raise _invalid("pattern allreduce takes no residual or weight")
@@ -166,6 +175,8 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
             raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
         elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise _invalid(f"scale: a {type(scale).__name__} is neither a float nor a tensor")
+        elif not (type(scale) is float and _F32_TINIEST <= scale <= _F32_MAX):
+            _real(scale, "scale", positive=True)  # refused here, joined: run() stores it
     elif scale is not None:
         raise _invalid(f"pattern {name} takes no scale")
     writes = WRITES[code]

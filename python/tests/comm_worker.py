@@ -282,28 +282,43 @@ def scenario_raise(outdir: str) -> None:
         rng = np.random.default_rng(5)
         xs = [rng.standard_normal((4, HIDDEN)).astype(np.float32) for _ in range(2)]
         mine = xs[comm.rank]
-        started = time.monotonic()
-        try:
-            comm.allreduce_fusion(mine[:, :100].copy() if comm.rank == 1 else mine)
-            fail(f"rank {comm.rank}'s first call succeeded")
-        except arbiter.ArbiterError as e:
-            elapsed = time.monotonic() - started
-            print(f"rank {comm.rank}: {e.status.name} after {elapsed:.2f} s: {e.message}",
-                  flush=True)
-            if comm.rank == 1 and e.status != arbiter.Status.INVALID_ARGUMENT:
-                fail(f"rank 1: expected its own INVALID_ARGUMENT, got {e!r}")
-            if comm.rank == 0 and (e.status != arbiter.Status.MISMATCH or
-                                   "rank 1 refused its call" not in e.message):
-                fail(f"rank 0: expected a MISMATCH naming rank 1, got {e!r}")
-            if elapsed > 5:
-                fail(f"the refused call took {elapsed:.2f} s: someone waited")
-        sums = [comm.allreduce_fusion(x).allreduce_out for x in (mine, 2 * mine)]
-        for k, got in enumerate(sums):
-            want = (k + 1) * xs[0] + (k + 1) * xs[1]
-            if not np.array_equal(got, want):
-                fail(f"rank {comm.rank}: call {k + 1} after the refusal is not the sum of "
-                     "both ranks' inputs of that call")
-        print(f"rank {comm.rank}: in step after the refusal", flush=True)
+        residual, weight = np.zeros_like(mine), np.ones(HIDDEN, np.float32)
+        bad = comm.rank == 1
+        # Besides the shape: numbers beyond any float, which the numpy fast
+        # path met with an OverflowError that skipped the join (rank 0's
+        # call then paired with rank 1's next one, and both "succeeded").
+        for what, call in (
+            ("shape", lambda: comm.allreduce_fusion(mine[:, :100].copy() if bad else mine)),
+            ("eps", lambda: comm.allreduce_fusion(mine, residual, weight,
+                                                  eps=10**400 if bad else 0.0)),
+            ("weight_bias", lambda: comm.allreduce_fusion(mine, residual, weight,
+                                                          weight_bias=10**400 if bad else 0.0)),
+            ("scale", lambda: comm.allreduce_fusion(mine, residual, weight,
+                                                    pattern="residual_rmsnorm_fp8",
+                                                    scale=10**400 if bad else 1.0)),
+        ):
+            started = time.monotonic()
+            try:
+                call()
+                fail(f"rank {comm.rank}'s call with a bad {what} succeeded")
+            except arbiter.ArbiterError as e:
+                elapsed = time.monotonic() - started
+                print(f"rank {comm.rank}: {what}: {e.status.name} after {elapsed:.2f} s: "
+                      f"{e.message}", flush=True)
+                if comm.rank == 1 and e.status != arbiter.Status.INVALID_ARGUMENT:
+                    fail(f"rank 1: expected its own INVALID_ARGUMENT, got {e!r}")
+                if comm.rank == 0 and (e.status != arbiter.Status.MISMATCH or
+                                       "rank 1 refused its call" not in e.message):
+                    fail(f"rank 0: expected a MISMATCH naming rank 1, got {e!r}")
+                if elapsed > 5:
+                    fail(f"the refused call took {elapsed:.2f} s: someone waited")
+            sums = [comm.allreduce_fusion(x).allreduce_out for x in (mine, 2 * mine)]
+            for k, got in enumerate(sums):
+                want = (k + 1) * xs[0] + (k + 1) * xs[1]
+                if not np.array_equal(got, want):
+                    fail(f"rank {comm.rank}: call {k + 1} after the refused {what} is not the "
+                         "sum of both ranks' inputs of that call")
+        print(f"rank {comm.rank}: in step after the refusals", flush=True)
 
 
 def scenario_fingerprint(outdir: str) -> None:

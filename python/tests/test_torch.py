@@ -11,6 +11,7 @@ pattern and size, and the gloo group, are in test_torch_ranks.py (2 ranks).
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 
@@ -205,6 +206,15 @@ def test_nvfp4_outputs_are_made_and_refused_by_shm_with_the_reason(comm):
         (lambda a: a.update(out={"norm_out": None}), "out: norm_out is required"),
         (lambda a: a.update(stream=7), "stream: this communicator runs on host memory"),
         (lambda a: a.update(eps=float("nan")), "eps nan must be finite"),
+        (lambda a: a.update(residual=a["residual"].tolist()),
+         "residual: a list; the other arguments are torch tensors"),
+        (lambda a: a.update(eps=True), "eps must be a real number (a Python or numpy float), "
+                                       "not builtins.bool"),
+        (lambda a: a.update(eps=1e300), "eps 1e+300 must be finite and >= 0, within float32's"),
+        (lambda a: a.update(weight_bias=-(10**400)), "weight_bias -1000000000"),
+        (lambda a: a.update(pattern="residual_rmsnorm_fp8", scale=1e-50,
+                            out={"quant_out": torch.empty(3, 64, dtype=torch.uint8)}),
+         "scale 1e-50 must be finite and > 0 (a float32 holds none below 1.4012985e-45)"),
         (lambda a: a.update(eps=torch.tensor(1e-6)),
          "eps must be a real number (a Python or numpy float), not torch.Tensor"),
         (lambda a: a.update(pattern="softmax"), "unknown pattern 'softmax'"),
@@ -216,8 +226,7 @@ def test_bad_calls_say_what_is_wrong(comm, change, message):
     x, residual, weight = inputs()
     args = {"x": x, "residual": residual, "weight": weight}
     change(args)
-    with pytest.raises(arbiter.ArbiterError, match=message.replace("(", r"\(").replace(
-            ")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(arbiter.ArbiterError, match=re.escape(message)):
         comm.allreduce_fusion(**args)
 
 

@@ -245,7 +245,8 @@ def scenario_registered(outdir: str) -> None:
 
 def scenario_refusals(outdir: str) -> None:
     """Rank 1 makes calls that arbiter.torch refuses on it alone, through
-    the eager path and the op (a wrong dtype, a pattern outside 0..3): each
+    the eager path and the op (a wrong dtype, a pattern outside 0..3, a
+    scale or eps beyond any float, a negative view): each
     joins its peers, whose call raises MISMATCH naming rank 1, and the call
     after each is in step and exact on both ranks."""
     import arbiter.torch as arbiter_torch
@@ -263,7 +264,22 @@ def scenario_refusals(outdir: str) -> None:
             arbiter_torch.op(comm._op_handle, 7 if comm.rank == 1 else 0, mine, None, None,
                              out, None, None)
 
-        for name, bad in (("eager dtype", eager_bad_dtype), ("op pattern", op_bad_pattern)):
+        residual, weight = torch.zeros(4, HIDDEN), torch.ones(HIDDEN)
+
+        def eager_huge_scale():  # raised OverflowError after the join point: out of step
+            comm.allreduce_fusion(mine, residual, weight, pattern="residual_rmsnorm_fp8",
+                                  scale=10**400 if comm.rank == 1 else 1.0)
+
+        def eager_huge_eps():
+            comm.allreduce_fusion(mine, residual, weight, eps=10**400 if comm.rank == 1 else 0.0)
+
+        def eager_negative_view():
+            comm.allreduce_fusion(torch._neg_view(mine) if comm.rank == 1 else mine)
+
+        for name, bad in (("eager dtype", eager_bad_dtype), ("op pattern", op_bad_pattern),
+                          ("eager scale 10**400", eager_huge_scale),
+                          ("eager eps 10**400", eager_huge_eps),
+                          ("eager negative view", eager_negative_view)):
             try:
                 bad()
                 fail(f"{name}: rank {comm.rank}'s call succeeded")
