@@ -16,6 +16,7 @@
 #include <array>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "arbiter/size.h"
@@ -235,41 +236,49 @@ int cmd_diff(const Args& args) {
     const char* const kNoDifference = "  no difference\n";
     for (const Topology& topology : topologies) {
       // Same differences -> the (pattern, dtype) pairs that share them, per
-      // variant of the call: [bit 0] a replicated residual, [bit 1]
-      // registered buffers, [4] fewer tokens than ranks (a plain call: a
-      // backend's two-shot may need a token per rank); a variant is listed
-      // only where its differences are not those of the plain call.
-      constexpr int kFewTokens = 4;
-      std::array<std::map<std::string, std::map<int, std::set<int>>>, 5> groups;
+      // variant of the call, a set of bits: a replicated residual, registered
+      // buffers, fewer tokens than ranks (a backend's two-shot may need a
+      // token per rank), in every combination. A variant is listed only
+      // where its differences are not those of any variant with one bit
+      // less (the plain call first): what they show explains it.
+      constexpr int kReplicated = 1, kRegistered = 2, kFewTokens = 4, kVariants = 8;
+      std::array<std::map<std::string, std::map<int, std::set<int>>>, kVariants> groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
         for (int dt = 0; dt < kDtypeCount; ++dt) {
-          Request r;
-          r.capability = cap;
-          r.world_size = ws;
-          r.nodes = topology.nodes;
-          r.nvlink_domain = topology.nvlink;
-          r.multicast = topology.multicast;
-          r.pattern = static_cast<Pattern>(pt);
-          r.dtype = static_cast<Dtype>(dt);
-          const std::vector<Difference> diffs = compare(a, b, r, to);
-          const std::string text = diffs.empty() ? std::string() : describe(diffs, to);
-          if (!diffs.empty()) groups[0][text][pt].insert(dt);
-          for (int variant = 1; variant <= kFewTokens; ++variant) {
-            if ((variant & 1) && r.pattern == Pattern::kAllreduce) continue;
-            if (variant == kFewTokens && ws < 2) continue;
-            Request v = r;
-            v.residual_replicated = variant != kFewTokens && (variant & 1) != 0;
-            v.buffers_registered = variant != kFewTokens && (variant & 2) != 0;
-            if (variant == kFewTokens) v.tokens = 1;
-            const std::vector<Difference> other = compare(a, b, v, to);
-            const std::string other_text = other.empty() ? std::string() : describe(other, to);
-            if (other_text != text) {
-              groups[variant][other.empty() ? kNoDifference : other_text][pt].insert(dt);
+          std::array<std::optional<std::vector<Difference>>, kVariants> diffs;
+          std::array<std::string, kVariants> text;
+          for (int variant = 0; variant < kVariants; ++variant) {
+            if ((variant & kReplicated) && pt == static_cast<int>(Pattern::kAllreduce)) continue;
+            if ((variant & kFewTokens) && ws < 2) continue;
+            Request r;
+            r.capability = cap;
+            r.world_size = ws;
+            r.nodes = topology.nodes;
+            r.nvlink_domain = topology.nvlink;
+            r.multicast = topology.multicast;
+            r.pattern = static_cast<Pattern>(pt);
+            r.dtype = static_cast<Dtype>(dt);
+            r.residual_replicated = (variant & kReplicated) != 0;
+            r.buffers_registered = (variant & kRegistered) != 0;
+            if (variant & kFewTokens) r.tokens = 1;
+            diffs[variant] = compare(a, b, r, to);
+            if (!diffs[variant]->empty()) text[variant] = describe(*diffs[variant], to);
+          }
+          if (!diffs[0]->empty()) groups[0][text[0]][pt].insert(dt);
+          for (int variant = 1; variant < kVariants; ++variant) {
+            if (!diffs[variant]) continue;
+            bool explained = false;
+            for (int bit = 1; bit < kVariants; bit <<= 1) {
+              if ((variant & bit) && text[variant & ~bit] == text[variant]) explained = true;
+            }
+            if (!explained) {
+              groups[variant][diffs[variant]->empty() ? kNoDifference : text[variant]][pt].insert(
+                  dt);
             }
           }
         }
       }
-      for (int variant = 0; variant <= kFewTokens; ++variant)
+      for (int variant = 0; variant < kVariants; ++variant)
         for (const auto& [text, by_pattern] : groups[variant]) {
           // Collapse patterns that share the same dtype set.
           std::map<std::set<int>, std::set<int>> by_dtypes;
@@ -283,9 +292,9 @@ int cmd_diff(const Args& args) {
                       << (stands_for.empty() ? "" : " (" + stands_for + ")") << ", "
                       << topology_text(topology) << ", " << names_text(pts, kPatternCount, true)
                       << ", " << names_text(dts, kDtypeCount, false)
-                      << (variant != kFewTokens && (variant & 1) ? ", residual replicated" : "")
-                      << (variant != kFewTokens && (variant & 2) ? ", registered buffers" : "")
-                      << (variant == kFewTokens ? ", fewer tokens than ranks" : "") << ":\n"
+                      << (variant & kReplicated ? ", residual replicated" : "")
+                      << (variant & kRegistered ? ", registered buffers" : "")
+                      << (variant & kFewTokens ? ", fewer tokens than ranks" : "") << ":\n"
                       << text;
           }
         }

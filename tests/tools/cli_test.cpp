@@ -397,6 +397,23 @@ BOOST_AUTO_TEST_CASE(diff_sees_every_topology_and_calls_of_fewer_tokens_than_ran
   BOOST_TEST(r.exit_code == 1, r.output);
   BOOST_TEST(contains(r.output, "registered buffers:\n  no difference\n"), r.output);
   BOOST_TEST(contains(r.output, "3 group(s) of decisions differ"), r.output);
+  // Variants combine: a change seen only by calls of fewer tokens than ranks
+  // in registered buffers (diff tried few tokens only as a plain call, and
+  // said "no decision differs").
+  {
+    const std::string before = "cli_test_diff_before.yaml";
+    std::ofstream(before) << "format: 1\nbackends:\n  shm: {oneshot_max_total: 1TiB, "
+                             "twoshot_needs_tokens_ge_world_size: true}\n";
+    std::ofstream(site) << "format: 1\nbackends:\n  shm: {oneshot_max_total: 1TiB}\n";
+    const CommandResult combined = run_arbiter("diff " + before + " " + site);
+    std::remove(before.c_str());
+    BOOST_TEST(combined.exit_code == 1, combined.output);
+    BOOST_TEST(contains(combined.output,
+                        "capability cpu, world size 2, 1 node, residual_rmsnorm, all dtypes, "
+                        "registered buffers, fewer tokens than ranks:\n    16 MiB < bytes <= 64 "
+                        "MiB: shm oneshot fused  ->  shm twoshot fused\n"),
+               combined.output);
+  }
   std::remove(site.c_str());
 }
 
