@@ -85,12 +85,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)cmd_decide(args);
     } else if (command == "sweep") {
       (void)cmd_sweep(args);
+    } else if (command == "workspaces") {  // footprint's flags, without loading modules
+      po::options_description desc("fuzz");
+      add_request_options(desc, RequestKind::kWorkspaces);
+      const po::variables_map vm = parse(args, desc);
+      (void)read_request(vm, RequestKind::kWorkspaces);
+      const std::uint32_t mask = read_pattern_set(vm);
+      ARBITER_FUZZ_CHECK(mask != 0 && mask < (1u << kPatternCount), "a pattern set out of range");
     } else {
       const bool with_size = command != "nosize";
+      const RequestKind kind = with_size ? RequestKind::kCall : RequestKind::kCallWithoutSize;
       po::options_description desc("fuzz");
-      add_request_options(desc, with_size);
+      add_request_options(desc, kind);
       const po::variables_map vm = parse(args, desc);
-      check_request(read_request(vm, with_size), with_size);
+      check_request(read_request(vm, kind), with_size);
       for (const std::string& a : args) {
         try {
           const std::uint64_t bytes = size_flag("bytes", a);

@@ -124,7 +124,7 @@ std::optional<Policy> load_policy(const po::variables_map& vm) {
   return std::move(result.policy);
 }
 
-void add_request_options(po::options_description& desc, bool with_size) {
+void add_request_options(po::options_description& desc, RequestKind kind) {
   auto add = desc.add_options();
   add("capability", po::value<std::string>(),
       "SM capability: 103, 10.3, sm_103, or cpu (required)");
@@ -134,6 +134,13 @@ void add_request_options(po::options_description& desc, bool with_size) {
   add("no-nvlink", po::bool_switch(), "single node without NVLink peer access");
   add("multicast", po::bool_switch(), "NVLink multicast usable on all ranks");
   add("dtype", po::value<std::string>()->default_value("bf16"), "fp16 | bf16 | fp32");
+  if (kind == RequestKind::kWorkspaces) {
+    add("pattern", po::value<std::string>(),
+        "the patterns the communicator is created for, a comma list of allreduce, "
+        "residual_rmsnorm, residual_rmsnorm_fp8, residual_rmsnorm_fp4 (default: every "
+        "pattern, as a communicator with default options)");
+    return;
+  }
   add("pattern", po::value<std::string>()->default_value("residual_rmsnorm"),
       "allreduce | residual_rmsnorm | residual_rmsnorm_fp8 | residual_rmsnorm_fp4");
   add("residual-replicated", po::bool_switch(),
@@ -142,7 +149,7 @@ void add_request_options(po::options_description& desc, bool with_size) {
   add("registered", po::bool_switch(),
       "the call's input lies in registered memory (comm.empty(), alloc_registered): the "
       "backend reads it in place");
-  if (with_size) {
+  if (kind == RequestKind::kCall) {
     add("bytes", po::value<std::string>(),
         "per-rank message size: 524288, 512KiB, 64MiB (a plain number is bytes)");
     add("tokens", po::value<Count>(), "tokens in the call (with --hidden)");
@@ -156,7 +163,7 @@ std::uint64_t size_flag(const std::string& flag, const std::string& text) {
   return *s.value;
 }
 
-Request read_request(const po::variables_map& vm, bool with_size) {
+Request read_request(const po::variables_map& vm, RequestKind kind) {
   Request r;
   if (!vm.count("capability")) throw UsageError{"--capability is required"};
   if (!vm.count("world-size")) throw UsageError{"--world-size is required"};
@@ -184,6 +191,7 @@ Request read_request(const po::variables_map& vm, bool with_size) {
   Parsed<Dtype> dtype = parse_dtype(vm["dtype"].as<std::string>());
   if (!dtype) throw UsageError{"--dtype: " + dtype.error};
   r.dtype = *dtype.value;
+  if (kind == RequestKind::kWorkspaces) return r;
   Parsed<Pattern> pattern = parse_pattern(vm["pattern"].as<std::string>());
   if (!pattern) throw UsageError{"--pattern: " + pattern.error};
   r.pattern = *pattern.value;
@@ -194,7 +202,7 @@ Request read_request(const po::variables_map& vm, bool with_size) {
         "residual pattern such as --pattern residual_rmsnorm"};
   }
   r.buffers_registered = vm["registered"].as<bool>();
-  if (!with_size) return r;
+  if (kind != RequestKind::kCall) return r;
 
   const bool bytes = vm.count("bytes") > 0;
   const bool tokens = vm.count("tokens") > 0;
@@ -220,7 +228,27 @@ Request read_request(const po::variables_map& vm, bool with_size) {
   return r;
 }
 
-std::string describe_topology(const Request& r) {
+std::uint32_t read_pattern_set(const po::variables_map& vm) {
+  if (!vm.count("pattern")) return (1u << kPatternCount) - 1;
+  const std::string text = vm["pattern"].as<std::string>();
+  std::uint32_t mask = 0;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    Parsed<Pattern> pattern = parse_pattern(item);
+    if (!pattern) throw UsageError{"--pattern: " + pattern.error + " (in '" + text + "')"};
+    const std::uint32_t bit = 1u << static_cast<int>(*pattern.value);
+    if (mask & bit)
+      throw UsageError{"--pattern: '" + item + "' is named twice (in '" + text + "')"};
+    mask |= bit;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return mask;
+}
+
+std::string describe_topology(const Request& r, const std::string& patterns) {
   std::string s = "capability " + capability_name(r.capability) + ", world size " +
                   std::to_string(r.world_size) + ", " + std::to_string(r.nodes) +
                   (r.nodes == 1 ? " node" : " nodes");
@@ -228,7 +256,8 @@ std::string describe_topology(const Request& r) {
     s += r.nvlink_domain ? ", NVLink" : ", no NVLink";
     if (r.multicast) s += ", multicast";
   }
-  s += ", " + std::string(dtype_name(r.dtype)) + ", " + std::string(pattern_name(r.pattern));
+  s += ", " + std::string(dtype_name(r.dtype)) + ", " +
+       (patterns.empty() ? std::string(pattern_name(r.pattern)) : patterns);
   if (r.residual_replicated) s += ", residual replicated";
   if (r.buffers_registered) s += ", registered buffers";
   return s;

@@ -53,17 +53,28 @@ LoadOptions load_options(const po::variables_map& vm);
 // Loads load_options(vm). Prints diagnostics to stderr; nullopt on errors.
 std::optional<Policy> load_policy(const po::variables_map& vm);
 
-// Adds the request flags: --capability, --world-size, --nodes,
-// --nvlink-domain, --no-nvlink, --multicast, --dtype, --pattern,
-// --residual-replicated, and when
-// with_size, --bytes / --tokens / --hidden.
-void add_request_options(po::options_description& desc, bool with_size);
+// What the request flags describe: one call (with or without its size), or
+// the workspaces of a communicator, which serve a set of patterns and every
+// residual and buffer kind.
+enum class RequestKind { kCall, kCallWithoutSize, kWorkspaces };
 
-// Builds the Request; throws UsageError naming the flag at fault.
-Request read_request(const po::variables_map& vm, bool with_size);
+// Adds the request flags: --capability, --world-size, --nodes,
+// --nvlink-domain, --no-nvlink, --multicast, --dtype, --pattern (for
+// kWorkspaces a comma list, default every pattern), and for calls
+// --residual-replicated, --registered and (kCall) --bytes / --tokens / --hidden.
+void add_request_options(po::options_description& desc, RequestKind kind);
+
+// Builds the Request; throws UsageError naming the flag at fault. For
+// kWorkspaces the pattern is left at its default: read_pattern_set() reads it.
+Request read_request(const po::variables_map& vm, RequestKind kind);
+
+// --pattern of kWorkspaces: a mask of patterns (bit 1 << Pattern), every one
+// when the flag is not given (as a communicator with default options).
+std::uint32_t read_pattern_set(const po::variables_map& vm);
 
 // "capability 103, world size 16, nodes 4, NVLink domain, multicast, bf16, ..."
-std::string describe_topology(const Request& r);
+// `patterns`, when given, stands where the request's pattern would.
+std::string describe_topology(const Request& r, const std::string& patterns = "");
 
 // Parses a size flag; a plain number is bytes. Throws UsageError.
 std::uint64_t size_flag(const std::string& flag, const std::string& text);

@@ -8,7 +8,7 @@ namespace arbiter::cli {
 
 int cmd_decide(const Args& args) {
   po::options_description desc("arbiter decide options");
-  add_request_options(desc, /*with_size=*/true);
+  add_request_options(desc, RequestKind::kCall);
   add_config_option(desc);
   desc.add_options()("explain", po::bool_switch(), "print every rule evaluated")(
       "json", po::bool_switch(), "print one JSON object (includes the trace)")("help,h",
@@ -20,7 +20,7 @@ int cmd_decide(const Args& args) {
               << desc;
     return kExitOk;
   }
-  const Request request = read_request(vm, /*with_size=*/true);
+  const Request request = read_request(vm, RequestKind::kCall);
   std::optional<Policy> policy = load_policy(vm);
   if (!policy) return kExitFailed;
   const Decision decision = policy->explain(request);

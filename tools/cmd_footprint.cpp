@@ -74,7 +74,7 @@ std::string role_of(const PlannedWorkspace& w, const WorkspacePlan& plan, const 
 
 int cmd_footprint(const Args& args) {
   po::options_description desc("arbiter footprint options");
-  add_request_options(desc, /*with_size=*/false);
+  add_request_options(desc, RequestKind::kWorkspaces);
   add_config_option(desc);
   desc.add_options()("hidden", po::value<Count>(), "the model's hidden size (required)")(
       "max-tokens", po::value<Count>()->default_value(Count{0}, "0"),
@@ -85,13 +85,13 @@ int cmd_footprint(const Args& args) {
   po::variables_map vm = parse(args, desc);
   if (vm.count("help")) {
     std::cout << "usage: arbiter footprint --capability C --world-size N --hidden H "
-                 "[--max-tokens T] [--budget SIZE] [options]\n"
+                 "[--max-tokens T] [--pattern P,...] [--budget SIZE] [options]\n"
                  "Workspace bytes per rank of each backend the tables may pick, as the modules "
                  "size them.\n\n"
               << desc;
     return kExitOk;
   }
-  const Request request = read_request(vm, /*with_size=*/false);
+  const Request request = read_request(vm, RequestKind::kWorkspaces);
   if (!vm.count("hidden") || vm["hidden"].as<Count>().value == 0) {
     throw UsageError{"--hidden H is required and must be positive (the model's hidden size)"};
   }
@@ -114,7 +114,20 @@ int cmd_footprint(const Args& args) {
   options.hidden = vm["hidden"].as<Count>().value;
   options.max_tokens = vm["max-tokens"].as<Count>().value;
   options.dtype = request.dtype;
-  options.pattern_mask = 1u << static_cast<int>(request.pattern);
+  // Every pattern unless --pattern names some, as a communicator with
+  // default options sizes for the largest cap among them.
+  options.pattern_mask = read_pattern_set(vm);
+  std::string patterns;
+  if (options.pattern_mask == (1u << kPatternCount) - 1) {
+    patterns = "all patterns";
+  } else {
+    for (int p = 0; p < kPatternCount; ++p) {
+      if ((options.pattern_mask >> p) & 1u) {
+        patterns +=
+            (patterns.empty() ? "" : ",") + std::string(pattern_name(static_cast<Pattern>(p)));
+      }
+    }
+  }
   const WorkspacePlan plan = plan_workspaces(*policy, options, request.world_size);
 
   DiscoverOptions discover = DiscoverOptions::from_environment();
@@ -125,7 +138,8 @@ int cmd_footprint(const Args& args) {
     if (w.allowed) sized.push_back(size_one(registry, w));
   }
   const std::string where =
-      describe_topology(request) + ", hidden " + std::to_string(options.hidden) + ", max tokens " +
+      describe_topology(request, patterns) + ", hidden " + std::to_string(options.hidden) +
+      ", max tokens " +
       (options.max_tokens == 0 ? std::string("unknown") : std::to_string(options.max_tokens));
   bool any_known = false;
   std::uint64_t total = 0;
@@ -147,7 +161,7 @@ int cmd_footprint(const Args& args) {
   if (vm["json"].as<bool>()) {
     std::string out;
     JsonObject o(out);
-    o.str("topology", describe_topology(request));
+    o.str("topology", describe_topology(request, patterns));
     o.num("hidden", options.hidden);
     o.num("max_tokens", options.max_tokens);
     o.num("fused_cap_bytes", plan.fused_cap);

@@ -9,7 +9,7 @@ namespace arbiter::cli {
 
 int cmd_sweep(const Args& args) {
   po::options_description desc("arbiter sweep options");
-  add_request_options(desc, /*with_size=*/false);
+  add_request_options(desc, RequestKind::kCallWithoutSize);
   add_config_option(desc);
   desc.add_options()("from", po::value<std::string>()->default_value("1"),
                      "smallest size (a plain number is bytes)")(
@@ -19,7 +19,7 @@ int cmd_sweep(const Args& args) {
     std::cout << "usage: arbiter sweep --capability C --world-size N [options]\n\n" << desc;
     return kExitOk;
   }
-  const Request request = read_request(vm, /*with_size=*/false);
+  const Request request = read_request(vm, RequestKind::kCallWithoutSize);
   const std::uint64_t from = size_flag("from", vm["from"].as<std::string>());
   const std::uint64_t to = size_flag("to", vm["to"].as<std::string>());
   if (from > to) throw UsageError{"--from is above --to"};

@@ -698,6 +698,41 @@ BOOST_AUTO_TEST_CASE(footprint_reports_each_backend_per_rank_and_checks_a_budget
   BOOST_TEST(contains(r.output, "\"within_budget\":false"), r.output);
 }
 
+// A communicator with default options serves every pattern and sizes its
+// workspaces for the largest cap among them; footprint sized for
+// residual_rmsnorm alone unless told, so a pattern-keyed cell (every cell
+// `arbiter tune` writes is one) made it under-count what ranks allocate.
+BOOST_AUTO_TEST_CASE(footprint_sizes_for_every_pattern_unless_told_as_the_communicator_does) {
+  const std::string site = "cli_test_footprint_patterns.yaml";
+  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: cpu, world_size: 2, pattern: "
+                         "residual_rmsnorm, max: 128KiB}\n";
+  const std::string cpu =
+      "footprint --capability cpu --world-size 2 --hidden 1024 --json --config " + site + " ";
+  CommandResult r = run_arbiter(cpu);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  Json j = JsonReader::parse(r.output);
+  BOOST_TEST(j["fused_cap_bytes"].number == std::to_string(64u << 20));  // the other patterns'
+  BOOST_TEST(contains(j["topology"].string, "bf16, all patterns"), r.output);
+  BOOST_TEST(j["workspaces"].array.at(0)["max_message_bytes_asked"].number ==
+             std::to_string(64u << 20));
+  r = run_arbiter(cpu + "--pattern residual_rmsnorm");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  j = JsonReader::parse(r.output);
+  BOOST_TEST(j["fused_cap_bytes"].number == std::to_string(128u << 10));
+  r = run_arbiter(cpu + "--pattern residual_rmsnorm,allreduce");
+  j = JsonReader::parse(r.output);
+  BOOST_TEST(j["fused_cap_bytes"].number == std::to_string(64u << 20));
+  BOOST_TEST(contains(j["topology"].string, "bf16, allreduce,residual_rmsnorm"), r.output);
+  for (const char* bad : {"--pattern softmax", "--pattern allreduce,allreduce", "--pattern ,",
+                          "--residual-replicated"}) {
+    r = run_arbiter(cpu + bad);
+    BOOST_TEST(r.exit_code == 2, bad << r.output);
+  }
+  r = run_arbiter(cpu + "--pattern allreduce,softmax");
+  BOOST_TEST(contains(r.output, "--pattern: unknown pattern 'softmax'"), r.output);
+  std::remove(site.c_str());
+}
+
 BOOST_AUTO_TEST_CASE(footprint_counts_three_lamport_stages_for_trtllm_without_a_gpu) {
   // Capability 100 at 4 ranks: trtllm fuses up to 32 MiB; its one
   // peer-mapped allocation holds 3 one-shot stages of 4 slots of the cap.
