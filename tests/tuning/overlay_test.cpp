@@ -68,7 +68,8 @@ BOOST_AUTO_TEST_CASE(crossover_cells_are_keyed_by_pattern) {
   BOOST_TEST_REQUIRE(o.fusion.size() == 1u);
   BOOST_TEST(o.fusion[0].capability.code() == 100);
   BOOST_TEST(o.fusion[0].world_size == 4u);
-  BOOST_TEST(o.fusion[0].nodes == 0u);  // single node: no nodes key, like the defaults
+  // Keyed nodes: 1, so that a one-node measurement leaves multi-node calls alone.
+  BOOST_TEST(o.fusion[0].nodes == 1u);
   BOOST_TEST((o.fusion[0].pattern == Pattern::kResidualRmsnorm));
   BOOST_TEST(!o.fusion[0].off);
   BOOST_TEST(o.fusion[0].bytes == 4 * kMiB);
@@ -76,12 +77,13 @@ BOOST_AUTO_TEST_CASE(crossover_cells_are_keyed_by_pattern) {
   BOOST_TEST(o.oneshot[0].bytes == 256 * kKiB);
   BOOST_TEST(o.notes.empty());
   BOOST_TEST(
-      contains(o.yaml,
-               "\nfusion:\n"
-               "  # capability 100, world size 4, 1 node, residual_rmsnorm\n"
-               "  # bf16 measured: fusion cap 4 MiB (fused lost at 8 MiB: 118 us against "
-               "100 us for nccl native unfused)\n"
-               "  - {capability: 100, world_size: 4, pattern: residual_rmsnorm, max: 4MiB}\n"),
+      contains(
+          o.yaml,
+          "\nfusion:\n"
+          "  # capability 100, world size 4, 1 node, residual_rmsnorm\n"
+          "  # bf16 measured: fusion cap 4 MiB (fused lost at 8 MiB: 118 us against "
+          "100 us for nccl native unfused)\n"
+          "  - {capability: 100, world_size: 4, nodes: 1, pattern: residual_rmsnorm, max: 4MiB}\n"),
       o.yaml);
   BOOST_TEST(contains(o.yaml,
                       "\noneshot:\n  cells:\n"

@@ -266,13 +266,13 @@ BOOST_AUTO_TEST_CASE(plot_writes_one_polyline_per_option) {
 }
 
 BOOST_AUTO_TEST_CASE(an_overlay_that_conflicts_with_the_given_tables_exits_1) {
-  // A site cell keyed by nodes is as specific as the tuned cell keyed by
-  // pattern, and a call can match both: the overlay is written (it is valid
-  // alone) but does not load over these tables.
+  // A site cell keyed by pattern and dtype is as specific as the tuned cell
+  // keyed by nodes and pattern, and a call can match both: the overlay is
+  // written (it is valid alone) but does not load over these tables.
   Scratch s;
   const std::string site = s.path("site.yaml");
-  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 100, world_size: 4, nodes: 1, "
-                         "max: 8MiB}\n";
+  std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 100, world_size: 4, pattern: "
+                         "residual_rmsnorm, dtype: bf16, max: 8MiB}\n";
   const std::string out = s.path("o.yaml");
   const CommandResult r =
       run_arbiter("tune " + fixture("crossover.csv") + " --config " + site + " -o " + out);
@@ -356,9 +356,9 @@ BOOST_AUTO_TEST_CASE(the_fusion_cap_weighs_the_fused_option_the_tables_run) {
              r.output);
   BOOST_TEST(contains(r.output, "  with the overlay: mean 16.7%, worst 36.4% at 1 MiB\n"),
              r.output);
-  BOOST_TEST(
-      contains(read_file(out),
-               "  - {capability: 100, world_size: 4, pattern: residual_rmsnorm, max: 1MiB}"));
+  BOOST_TEST(contains(
+      read_file(out),
+      "  - {capability: 100, world_size: 4, nodes: 1, pattern: residual_rmsnorm, max: 1MiB}"));
 
   // Under a preset that runs mnnvl on one node (given multicast), mnnvl's
   // curve is what the tables run: 16 MiB, and the report's "with the
@@ -399,4 +399,36 @@ BOOST_AUTO_TEST_CASE(the_fusion_cap_follows_the_threshold_the_overlay_writes) {
                       "2MiB}"),
              yaml);
   BOOST_TEST(contains(yaml, "    oneshot_max_total: 128KiB\n"), yaml);
+}
+
+// A one-node group's cell is keyed nodes: 1. Unkeyed, a one-node replicated
+// cell and a 2-node cell were equally specific and both matched a 2-node
+// replicated call: the overlay conflicted with itself (exit 1, nothing
+// usable), and a one-node measurement changed multi-node decisions no one
+// measured.
+BOOST_AUTO_TEST_CASE(one_node_cells_leave_multi_node_calls_alone) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  CommandResult r = run_arbiter("tune " + fixture("one_and_two_nodes.csv") +
+                                " --nvlink-domain --multicast -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(!contains(r.output, "does not load"), r.output);
+  const std::string yaml = read_file(out);
+  BOOST_TEST(contains(yaml,
+                      "  - {capability: 100, world_size: 4, nodes: 1, pattern: "
+                      "residual_rmsnorm, residual: replicated, max: 512KiB}\n"),
+             yaml);
+  BOOST_TEST(contains(yaml,
+                      "  - {capability: 100, world_size: 4, nodes: 2, pattern: "
+                      "residual_rmsnorm, max: 2MiB}\n"),
+             yaml);
+  // A 3-node replicated call was measured by no one: the default cell still
+  // decides it (the one-node cell used to, at 512 KiB).
+  r = run_arbiter(
+      "decide --capability 100 --world-size 4 --nodes 3 --nvlink-domain --multicast "
+      "--residual-replicated --bytes 1MiB --explain --config " +
+      out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "(default)]\n  4. 1 MiB <= cap"), r.output);
+  BOOST_TEST(contains(r.output, "decision: mnnvl"), r.output);
 }

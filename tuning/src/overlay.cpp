@@ -173,7 +173,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     OverlayCell cell;
     cell.capability = scope.capability;
     cell.world_size = scope.world_size;
-    cell.nodes = scope.nodes > 1 ? scope.nodes : 0;
+    cell.nodes = scope.nodes > 1 || !scope.capability.is_cpu() ? scope.nodes : 0;
     cell.pattern = scope.pattern;
     key_cell(cell, scope);
     cell.off = chosen->cap.kind == Cap::Kind::kOff;
@@ -324,7 +324,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   y += "# A backend's oneshot_max_total is the smallest one-shot split x world size over\n";
   y += "# the groups that measured its one-shot and two-shot.\n";
   y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";
-  y += "# alone, and by nodes when the job spans several. The tables are not keyed by\n";
+  y += "# alone, and (on GPUs) by nodes, one included. The tables are not keyed by\n";
   y += "# dtype: each cell says which dtype was measured. Calls measured with a replicated\n";
   y += "# residual (bench --residual-replicated) write cells keyed `residual: replicated`;\n";
   y += "# on cpu their shm split is such a one-shot cell, never oneshot_max_total.\n";

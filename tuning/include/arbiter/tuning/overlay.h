@@ -2,10 +2,12 @@
 // a table layer in the format of schema/FORMAT.md.
 //
 // Cells are keyed so that a measurement changes only what it measured:
-//   fusion   {capability, world_size, pattern, max}, plus `nodes` when the
-//            group spans several nodes. A single-node cell carries no
-//            `nodes` key, like the default cells: it also covers multi-node
-//            jobs of that world size unless a nodes-keyed cell does.
+//   fusion   {capability, world_size, nodes, pattern, max}: a GPU cell names
+//            its node count, one node included, so that a one-node
+//            measurement leaves multi-node calls to the cells that covered
+//            them (and a one-node replicated cell and a 2-node cell cannot
+//            both match a call). cpu cells carry no `nodes` key (shm runs on
+//            one node only).
 //   oneshot  {capability, world_size, pattern, max} (single-node trtllm;
 //            cpu: a replicated residual's shm split, below).
 // The tables are not keyed by dtype: each cell's comment names the dtype
