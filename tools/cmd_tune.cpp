@@ -247,6 +247,9 @@ int cmd_tune(const Args& args) {
     load.overrides.yaml(output.empty() ? "overlay" : output, yaml);
     return Policy::load(load);
   };
+  overlay_options.current_cap = [&](const Group& g) {
+    return current->max_fused_bytes(group_request(g.key, topology));
+  };
   // The one-shot rules first: with them the tables say which fused option
   // runs at each size, and the fusion caps weigh that option.
   overlay_options.fusion_cells = false;

@@ -170,6 +170,19 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": no fusion cell (" + why + ")");
       continue;
     }
+    if (chosen->cap.kind == Cap::Kind::kBytes && chosen->cap.lost_at == 0 &&
+        options.current_cap) {
+      const Group& measured = *entries[chosen - caps.data()].first;
+      const std::optional<std::uint64_t> current = options.current_cap(measured);
+      if (current && *current >= chosen->cap.bytes) {
+        overlay.notes.push_back(
+            scope.to_string() + ": no fusion cell: " + std::string(dtype_name(chosen->dtype)) +
+            " fused won up to the largest size measured, " + format_size(chosen->cap.bytes) +
+            ", and the current cap " + format_size(*current) +
+            " is no lower, so it stays (measure larger sizes to move it)");
+        continue;
+      }
+    }
     OverlayCell cell;
     cell.capability = scope.capability;
     cell.world_size = scope.world_size;

@@ -70,6 +70,11 @@ struct OverlayOptions {
   // The fused option the tables run, by group and size (see fusion_cap());
   // empty: the best fused option measured.
   std::function<FusedRun(const Group&)> fused_run;
+  // The fused cap the current tables give the group's calls (std::nullopt:
+  // none). Where fused won at every size measured and this cap is at least
+  // the largest of them, no fusion cell is written (a note says so): nothing
+  // measured argues for lowering it. Empty: cells are always written.
+  std::function<std::optional<std::uint64_t>(const Group&)> current_cap;
   // false: no fusion cells (nor one-shot cells lowered to them): the one-shot
   // rules alone, the tables fused_run must read.
   bool fusion_cells = true;
