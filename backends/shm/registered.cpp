@@ -25,6 +25,7 @@ struct Announcement {
 
 struct Report {
   std::int32_t status;
+  std::uint64_t bytes;  // asked for: must agree exactly, not only once rounded up
   char message[kTextBytes];
 };
 
@@ -77,6 +78,7 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
     }
     name = read_text(announcement.name);
     Report report{};
+    report.bytes = bytes;
     if (oob.rank != 0) {
       const Status mapped = map_shm_object(name, total, ARBITER_MISMATCH,
                                            "this rank expected " + std::to_string(total) +
@@ -97,6 +99,16 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
         failed = {static_cast<arbiter_status>(reports[r].status),
                   "shm alloc: rank " + std::to_string(r) + " could not map " + name + ": " +
                       read_text(reports[r].message)};
+      }
+    }
+    // Sizes that round up to the same pages mapped alike above; a view the
+    // size of one rank's allocation would still cross the end of another's.
+    for (std::uint64_t r = 0; r < ranks && failed.ok(); ++r) {
+      if (reports[r].bytes != reports[0].bytes) {
+        failed = {ARBITER_MISMATCH, "shm alloc: rank " + std::to_string(r) + " asked for " +
+                                        std::to_string(reports[r].bytes) + " bytes, rank 0 for " +
+                                        std::to_string(reports[0].bytes) +
+                                        " (every rank must allocate the same size)"};
       }
     }
     if (!failed.ok()) {

@@ -584,6 +584,38 @@ BOOST_AUTO_TEST_CASE(registered_outputs_can_be_overwritten_as_soon_as_a_call_ret
   unsetenv("ARBITER_SHM_OWNERS_FROM");
 }
 
+// Every rank must allocate the same bytes. Sizes that round up to the same
+// pages mapped alike, and both ranks were given their allocation: a view as
+// large as one rank's then crossed the end of the other's.
+BOOST_AUTO_TEST_CASE(registered_allocations_of_different_sizes_are_refused_on_every_rank) {
+  auto body = [](int rank, const arbiter_oob& oob) -> std::string {
+    const arbiter_workspace_spec spec = make_spec(oob, ARBITER_DTYPE_BF16, 4096);
+    arbiter_workspace* workspace = nullptr;
+    if (shm().workspace_create(&oob, &spec, &workspace) != ARBITER_OK) {
+      return std::string("workspace_create: ") + shm().last_error();
+    }
+    std::string problem;
+    void* area = nullptr;
+    const std::int32_t refused = shm_memory().alloc(workspace, rank == 1 ? 5000 : 4100, &area);
+    const std::string message = shm().last_error();
+    if (refused != ARBITER_MISMATCH || area != nullptr) {
+      problem = "different sizes: status " + std::to_string(refused) + ": " + message;
+    } else if (message.find("rank 1 asked for 5000 bytes, rank 0 for 4100 (every rank must "
+                            "allocate the same size)") == std::string::npos) {
+      problem = "different sizes: " + message;
+    }
+    // Nothing is held: the same size on every rank then works.
+    if (problem.empty() && shm_memory().alloc(workspace, 4100, &area) != ARBITER_OK) {
+      problem = std::string("the same size: ") + shm().last_error();
+    }
+    if (area != nullptr) shm_memory().free(workspace, area);
+    shm().workspace_destroy(workspace);
+    return problem;
+  };
+  run_group(2, body);
+  run_group(3, body);
+}
+
 // ARBITER_SHM_OWNERS_FROM sets the size from which the owners' path runs,
 // the same on every rank. Seen from outside: a replicated two-shot call
 // whose outputs are registered on rank 0 only is staged below it (exact on
