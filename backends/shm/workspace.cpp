@@ -233,8 +233,12 @@ Status fault_status(const Fault& fault, std::int32_t self, bool self_aborted,
   }
   switch (fault.kind) {
     case FaultKind::kAborted:
+      // Its abort() or its close() after a failed call (a call, or an
+      // allocation that timed out): both stop the workspace for every rank.
       return {ARBITER_PEER_FAILED, prefix + rank_text(fault.culprit) +
-                                       " aborted the communicator " + when + kNoLongerUsable};
+                                       " aborted the communicator (abort(), or close() after a "
+                                       "failed call or allocation) " +
+                                       when + kNoLongerUsable};
     case FaultKind::kDied:
       return {ARBITER_PEER_FAILED,
               prefix + rank_text(fault.culprit) + " died (its process is gone; noticed by rank " +
