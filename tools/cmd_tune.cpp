@@ -31,13 +31,13 @@ constexpr const char* kTuneUsage =
     "rules; the best fused one measured when no fused backend is eligible) counted\n"
     "PCT% faster than measured, against the best unfused one), the one-shot cap of\n"
     "single-node trtllm (one-shot against two-shot, by the same rule) and the one-shot\n"
-    "threshold of shm and mnnvl (oneshot_max_total: the smallest one-shot split x world\n"
-    "size over the groups measured); prints them with\n"
-    "the regret of the current tables and of the tuned ones (how much slower the option\n"
+    "split of shm and mnnvl (on cpu a one-shot cell per group; mnnvl's oneshot_max_total\n"
+    "is the smallest one-shot split x world size over the groups measured); prints them\n"
+    "with the regret of the current tables and of the tuned ones (how much slower the option\n"
     "the tables choose is than the best measured one), and writes a site table holding\n"
     "the new caps. Caps are always measured sizes. Groups measured with a replicated\n"
-    "residual write cells keyed `residual: replicated` (on cpu, shm's split as such a\n"
-    "one-shot cell: never the threshold, which serves every call). Groups measured in\n"
+    "residual write cells keyed `residual: replicated` (on GPUs mnnvl's split is then\n"
+    "not written: the threshold serves every call). Groups measured in\n"
     "registered memory (bench --registered) likewise write cells keyed `buffers:\n"
     "registered`.\n"
     "\n"
@@ -143,12 +143,13 @@ void report_group(std::ostream& out, const Group& g, double margin, const FusedR
     const Cap split = split_cap(g, backend, margin);
     if (split.kind == Cap::Kind::kNone) continue;
     out << "  " << backend << " one-shot split: " << split.text();
-    if (split.kind == Cap::Kind::kBytes && (g.key.replicated() || g.key.registered)) {
-      // Never the threshold, which serves every call (see the overlay).
+    if (split.kind == Cap::Kind::kBytes && g.key.capability.is_cpu()) {
+      // A cpu one-shot cell of its own, never the threshold (see the overlay).
       std::string keys = g.key.replicated() ? "residual: replicated" : "";
       if (g.key.registered) keys += (keys.empty() ? "" : ", ") + std::string("buffers: registered");
-      out << (g.key.capability.is_cpu() ? "; a one-shot cell keyed " + keys
-                                        : std::string("; not written (only cpu cells key it)"));
+      out << "; a one-shot cell" << (keys.empty() ? "" : " keyed " + keys);
+    } else if (split.kind == Cap::Kind::kBytes && (g.key.replicated() || g.key.registered)) {
+      out << "; not written (only cpu cells key it)";
     } else if (split.kind == Cap::Kind::kBytes) {
       out << "; x " << g.key.world_size << " = " << format_size(split.bytes * g.key.world_size);
     }

@@ -248,39 +248,89 @@ BOOST_AUTO_TEST_CASE(free_text_from_the_results_is_escaped) {
   BOOST_TEST(d.empty(), text_of(d) << o.yaml);
 }
 
-// shm (and mnnvl) take one one-shot threshold for every world size,
-// bytes x world size: the smallest split x world size over the groups, so
-// one-shot runs only where every group measured it winning.
-BOOST_AUTO_TEST_CASE(threshold_backends_get_the_smallest_split_times_world_size) {
+// On cpu, shm reads a one-shot cell before its threshold: each group's
+// split is a cell of its own (one threshold for every world size made a
+// 2-rank call run two-shot where 2 ranks measured one-shot winning), and
+// the threshold is left to the world sizes not measured.
+BOOST_AUTO_TEST_CASE(cpu_splits_are_one_shot_cells_per_world_size) {
   const auto data = parse_csv(std::string(kHeader) +
-                              // ws 2: one-shot wins to 128 KiB, loses at 256 KiB -> 256 KiB
+                              // ws 2: one-shot wins to 128 KiB, loses at 256 KiB
                               "cpu,2,1,bf16,1024,32,65536,residual_rmsnorm,shm,oneshot,1,10\n"
                               "cpu,2,1,bf16,1024,32,65536,residual_rmsnorm,shm,twoshot,1,12\n"
                               "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,oneshot,1,20\n"
                               "cpu,2,1,bf16,1024,64,131072,residual_rmsnorm,shm,twoshot,1,21\n"
                               "cpu,2,1,bf16,1024,128,262144,residual_rmsnorm,shm,oneshot,1,50\n"
                               "cpu,2,1,bf16,1024,128,262144,residual_rmsnorm,shm,twoshot,1,40\n"
-                              // ws 4: wins at 32 KiB, loses at 64 KiB -> 128 KiB
+                              // ws 4: wins at 32 KiB, loses at 64 KiB
                               "cpu,4,1,bf16,1024,16,32768,residual_rmsnorm,shm,oneshot,1,10\n"
                               "cpu,4,1,bf16,1024,16,32768,residual_rmsnorm,shm,twoshot,1,15\n"
                               "cpu,4,1,bf16,1024,32,65536,residual_rmsnorm,shm,oneshot,1,30\n"
                               "cpu,4,1,bf16,1024,32,65536,residual_rmsnorm,shm,twoshot,1,20\n");
   const Overlay o = overlay_of(*data);
-  BOOST_TEST_REQUIRE(o.thresholds.size() == 1u);
-  BOOST_TEST(o.thresholds[0].backend == "shm");
-  BOOST_TEST(o.thresholds[0].bytes == 128 * kKiB);
-  BOOST_TEST(contains(o.thresholds[0].comment,
-                      "world size 2, 1 node, residual_rmsnorm, bf16: "
-                      "one-shot split 128 KiB"));
-  BOOST_TEST(contains(o.thresholds[0].comment, "-> x 4 = 128 KiB"));
-  BOOST_TEST(contains(o.yaml, "backends:\n  shm:\n"), o.yaml);
-  BOOST_TEST(contains(o.yaml, "    oneshot_max_total: 128KiB\n"), o.yaml);
+  BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST(!contains(o.yaml, "\nbackends:"), o.yaml);
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 2u);
+  BOOST_TEST(contains(o.yaml,
+                      "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, max: "
+                      "128KiB}\n"),
+             o.yaml);
+  BOOST_TEST(contains(o.yaml,
+                      "    - {capability: cpu, world_size: 4, pattern: residual_rmsnorm, max: "
+                      "32KiB}\n"),
+             o.yaml);
   BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
   const Policy tuned = tables_with(o.yaml);
   auto algorithm = [&](std::uint32_t ws, std::uint64_t bytes) {
     Request r;
     r.capability = Capability::cpu();
     r.world_size = ws;
+    r.message_bytes = bytes;
+    return tuned.decide(r).algorithm;
+  };
+  BOOST_TEST((algorithm(4, 32 * kKiB) == Algorithm::kOneshot));
+  BOOST_TEST((algorithm(4, 64 * kKiB) == Algorithm::kTwoshot));
+  BOOST_TEST((algorithm(2, 128 * kKiB) == Algorithm::kOneshot));  // as measured at 2 ranks
+  BOOST_TEST((algorithm(2, 256 * kKiB) == Algorithm::kTwoshot));
+  // 8 ranks were not measured: the default threshold (256 KiB) still rules.
+  BOOST_TEST((algorithm(8, 32 * kKiB) == Algorithm::kOneshot));
+  BOOST_TEST((algorithm(8, 64 * kKiB) == Algorithm::kTwoshot));
+}
+
+// mnnvl (GPU) takes one one-shot threshold for every world size, bytes x
+// world size: the smallest split x world size over the groups, so one-shot
+// runs only where every group measured it winning.
+BOOST_AUTO_TEST_CASE(threshold_backends_get_the_smallest_split_times_world_size) {
+  const auto data = parse_csv(std::string(kHeader) +
+                              // ws 2: one-shot wins to 128 KiB, loses at 256 KiB -> 256 KiB
+                              "100,2,2,bf16,1024,32,65536,residual_rmsnorm,mnnvl,oneshot,1,10\n"
+                              "100,2,2,bf16,1024,32,65536,residual_rmsnorm,mnnvl,twoshot,1,12\n"
+                              "100,2,2,bf16,1024,64,131072,residual_rmsnorm,mnnvl,oneshot,1,20\n"
+                              "100,2,2,bf16,1024,64,131072,residual_rmsnorm,mnnvl,twoshot,1,21\n"
+                              "100,2,2,bf16,1024,128,262144,residual_rmsnorm,mnnvl,oneshot,1,50\n"
+                              "100,2,2,bf16,1024,128,262144,residual_rmsnorm,mnnvl,twoshot,1,40\n"
+                              // ws 4: wins at 32 KiB, loses at 64 KiB -> 128 KiB
+                              "100,4,2,bf16,1024,16,32768,residual_rmsnorm,mnnvl,oneshot,1,10\n"
+                              "100,4,2,bf16,1024,16,32768,residual_rmsnorm,mnnvl,twoshot,1,15\n"
+                              "100,4,2,bf16,1024,32,65536,residual_rmsnorm,mnnvl,oneshot,1,30\n"
+                              "100,4,2,bf16,1024,32,65536,residual_rmsnorm,mnnvl,twoshot,1,20\n");
+  const Overlay o = overlay_of(*data);
+  BOOST_TEST_REQUIRE(o.thresholds.size() == 1u);
+  BOOST_TEST(o.thresholds[0].backend == "mnnvl");
+  BOOST_TEST(o.thresholds[0].bytes == 128 * kKiB);
+  BOOST_TEST(contains(o.thresholds[0].comment,
+                      "world size 2, 2 nodes, residual_rmsnorm, bf16: "
+                      "one-shot split 128 KiB"));
+  BOOST_TEST(contains(o.thresholds[0].comment, "-> x 4 = 128 KiB"));
+  BOOST_TEST(contains(o.yaml, "backends:\n  mnnvl:\n"), o.yaml);
+  BOOST_TEST(contains(o.yaml, "    oneshot_max_total: 128KiB\n"), o.yaml);
+  BOOST_TEST(validate_text(o.yaml).empty(), text_of(validate_text(o.yaml)));
+  const Policy tuned = tables_with(o.yaml);
+  auto algorithm = [&](std::uint32_t ws, std::uint64_t bytes) {
+    Request r;
+    r.capability = Capability::sm(100);
+    r.world_size = ws;
+    r.nodes = 2;
+    r.nvlink_domain = r.multicast = true;
     r.message_bytes = bytes;
     return tuned.decide(r).algorithm;
   };
@@ -293,16 +343,26 @@ BOOST_AUTO_TEST_CASE(threshold_backends_get_the_smallest_split_times_world_size)
 
 BOOST_AUTO_TEST_CASE(one_shot_losing_from_the_smallest_size_writes_no_threshold) {
   const auto data = parse_csv(std::string(kHeader) +
+                              "100,4,2,bf16,1024,16,32768,allreduce,mnnvl,oneshot,1,20\n"
+                              "100,4,2,bf16,1024,16,32768,allreduce,mnnvl,twoshot,1,15\n"
+                              "100,4,2,bf16,1024,32,65536,allreduce,mnnvl,oneshot,1,30\n"
+                              "100,4,2,bf16,1024,32,65536,allreduce,mnnvl,twoshot,1,20\n"
+                              // cpu: a one-shot cell cannot say off either
                               "cpu,4,1,bf16,1024,16,32768,allreduce,shm,oneshot,1,20\n"
                               "cpu,4,1,bf16,1024,16,32768,allreduce,shm,twoshot,1,15\n"
                               "cpu,4,1,bf16,1024,32,65536,allreduce,shm,oneshot,1,30\n"
                               "cpu,4,1,bf16,1024,32,65536,allreduce,shm,twoshot,1,20\n");
   const Overlay o = overlay_of(*data);
   BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST(o.oneshot.empty());
   BOOST_TEST(!contains(o.yaml, "\nbackends:"), o.yaml);
   BOOST_TEST(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
-    return contains(n, "shm: no oneshot_max_total: capability cpu, world size 4") &&
+    return contains(n, "mnnvl: no oneshot_max_total: capability 100, world size 4, 2 nodes") &&
            contains(n, "its split is off, two-shot at every compared size");
+  }));
+  BOOST_TEST(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return contains(n, "capability cpu, world size 4, 1 node, allreduce: no one-shot cell") &&
+           contains(n, "a one-shot cell cannot say off");
   }));
 }
 
@@ -327,17 +387,15 @@ BOOST_AUTO_TEST_CASE(a_replicated_cpu_split_is_a_keyed_one_shot_cell_not_the_thr
   const auto data = load_fixtures({"replicated_cpu.csv"});
   const Overlay o = overlay_of(*data);
   BOOST_TEST(o.notes.empty());
-  BOOST_TEST_REQUIRE(o.thresholds.size() == 1u);
-  BOOST_TEST(o.thresholds[0].backend == "shm");
-  BOOST_TEST(o.thresholds[0].bytes == 256 * kKiB);  // 128 KiB x 2: the distinct group's
-  BOOST_TEST(!contains(o.thresholds[0].comment, "residual replicated"), o.thresholds[0].comment);
-  BOOST_TEST_REQUIRE(o.oneshot.size() == 1u);
+  BOOST_TEST(o.thresholds.empty());
+  BOOST_TEST_REQUIRE(o.oneshot.size() == 2u);  // the distinct group's, unkeyed, and this one
   BOOST_TEST(o.oneshot[0].capability.is_cpu());
   BOOST_TEST(o.oneshot[0].world_size == 2u);
-  BOOST_TEST((o.oneshot[0].residual == Residual::kReplicated));
-  BOOST_TEST(o.oneshot[0].bytes == 8 * kKiB);
+  BOOST_TEST(!o.oneshot[0].residual.has_value());
+  BOOST_TEST(o.oneshot[0].bytes == 128 * kKiB);
+  BOOST_TEST((o.oneshot[1].residual == Residual::kReplicated));
+  BOOST_TEST(o.oneshot[1].bytes == 8 * kKiB);
   BOOST_TEST(contains(o.yaml,
-                      "\noneshot:\n  cells:\n"
                       "    # capability cpu, world size 2, 1 node, residual_rmsnorm, residual "
                       "replicated\n"
                       "    # bf16 measured: shm one-shot split 8 KiB (one-shot lost at 32 KiB"),
@@ -356,7 +414,7 @@ BOOST_AUTO_TEST_CASE(a_replicated_cpu_split_is_a_keyed_one_shot_cell_not_the_thr
                       "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
                       "residual: replicated, max: 512KiB}\n"),
              o.yaml);
-  BOOST_TEST(contains(o.yaml, "    oneshot_max_total: 256KiB\n"), o.yaml);
+  BOOST_TEST(!contains(o.yaml, "\nbackends:"), o.yaml);
 
   // It loads without a warning, and decides as measured.
   const std::vector<Diagnostic> d = validate_text(o.yaml);
@@ -365,11 +423,11 @@ BOOST_AUTO_TEST_CASE(a_replicated_cpu_split_is_a_keyed_one_shot_cell_not_the_thr
   BOOST_TEST((cpu_algorithm(tuned, 2, 8 * kKiB, true) == Algorithm::kOneshot));
   BOOST_TEST((cpu_algorithm(tuned, 2, 8 * kKiB + 2, true) == Algorithm::kTwoshot));
   BOOST_TEST((cpu_algorithm(tuned, 2, 32 * kKiB, true) == Algorithm::kTwoshot));
-  // Calls without the promise keep the threshold: one-shot to 128 KiB at 2 ranks.
+  // Calls without the promise take the distinct cell: one-shot to 128 KiB at 2 ranks.
   BOOST_TEST((cpu_algorithm(tuned, 2, 32 * kKiB, false) == Algorithm::kOneshot));
   BOOST_TEST((cpu_algorithm(tuned, 2, 128 * kKiB, false) == Algorithm::kOneshot));
   BOOST_TEST((cpu_algorithm(tuned, 2, 128 * kKiB + 2, false) == Algorithm::kTwoshot));
-  // Other world sizes have no keyed cell: the threshold, replicated or not.
+  // Other world sizes have no cell: the default threshold, replicated or not.
   BOOST_TEST((cpu_algorithm(tuned, 4, 32 * kKiB, true) == Algorithm::kOneshot));
 }
 
@@ -468,10 +526,7 @@ BOOST_AUTO_TEST_CASE(registered_groups_write_cells_keyed_by_their_buffers) {
   const Overlay a = overlay_of(*alone);
   const Overlay b = overlay_of(*with);
   BOOST_TEST(b.notes.empty());
-  BOOST_TEST_REQUIRE(b.thresholds.size() == 1u);
-  BOOST_TEST(b.thresholds[0].bytes == a.thresholds[0].bytes);  // 32 KiB x 2, the copied split
-  BOOST_TEST(b.thresholds[0].bytes == 64 * kKiB);
-  BOOST_TEST(!contains(b.thresholds[0].comment, "registered"), b.thresholds[0].comment);
+  BOOST_TEST(b.thresholds.empty());
   BOOST_TEST_REQUIRE(b.fusion.size() == 2u);
   BOOST_TEST(contains(b.yaml,
                       "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
@@ -481,10 +536,14 @@ BOOST_AUTO_TEST_CASE(registered_groups_write_cells_keyed_by_their_buffers) {
                       "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
                       "residual: distinct, buffers: registered, max: 128KiB}\n"),
              b.yaml);
-  BOOST_TEST(a.oneshot.empty());
-  BOOST_TEST_REQUIRE(b.oneshot.size() == 1u);
-  BOOST_TEST((b.oneshot[0].buffers == BufferKind::kRegistered));
-  BOOST_TEST((b.oneshot[0].residual == Residual::kDistinct));
+  // The copied split (32 KiB) unkeyed, the registered one keyed.
+  BOOST_TEST_REQUIRE(a.oneshot.size() == 1u);
+  BOOST_TEST(a.oneshot[0].bytes == 32 * kKiB);
+  BOOST_TEST_REQUIRE(b.oneshot.size() == 2u);
+  BOOST_TEST(!b.oneshot[0].buffers.has_value());
+  BOOST_TEST(b.oneshot[0].bytes == 32 * kKiB);
+  BOOST_TEST((b.oneshot[1].buffers == BufferKind::kRegistered));
+  BOOST_TEST((b.oneshot[1].residual == Residual::kDistinct));
   BOOST_TEST(contains(b.yaml,
                       "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
                       "residual: distinct, buffers: registered, max: 128KiB}\n"),

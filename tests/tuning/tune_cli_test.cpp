@@ -300,7 +300,7 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_gets_its_own_one_shot_cell) {
              r.output);
   BOOST_TEST(contains(r.output, "  shm one-shot split: 128 KiB (one-shot lost at 512 KiB"),
              r.output);
-  BOOST_TEST(contains(r.output, "; x 2 = 256 KiB\n"), r.output);
+  BOOST_TEST(contains(r.output, "for shm twoshot fused); a one-shot cell\n"), r.output);
   BOOST_TEST(contains(r.output,
                       "  shm one-shot split: 8 KiB (one-shot lost at 32 KiB: 30 us against 25 us "
                       "for shm twoshot fused); a one-shot cell keyed residual: replicated\n"),
@@ -318,14 +318,17 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_gets_its_own_one_shot_cell) {
                       "(measure larger sizes to move it)\n"),
              r.output);
   BOOST_TEST(contains(r.output,
-                      "wrote " + out + ": 0 fusion cells, 1 one-shot cell, 1 one-shot threshold"),
+                      "wrote " + out + ": 0 fusion cells, 2 one-shot cells, 0 one-shot thresholds"),
              r.output);
   const std::string yaml = read_file(out);
   BOOST_TEST(contains(yaml,
                       "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, residual: "
                       "replicated, max: 8KiB}\n"),
              yaml);
-  BOOST_TEST(contains(yaml, "    oneshot_max_total: 256KiB\n"), yaml);
+  BOOST_TEST(contains(yaml,
+                      "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, max: "
+                      "128KiB}\n"),
+             yaml);
   const CommandResult v = run_arbiter("validate " + shell_quote(out));
   BOOST_TEST(v.exit_code == 0, v.output);
   BOOST_TEST(v.output == out + ": valid\n");
@@ -340,7 +343,7 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_gets_its_own_one_shot_cell) {
   BOOST_TEST(above.starts_with("shm twoshot fused"), above);
   const std::string at = decide("--bytes 8KiB --residual-replicated");
   BOOST_TEST(at.starts_with("shm oneshot fused"), at);
-  // Without the promise the threshold decides: one-shot to 128 KiB at 2 ranks.
+  // Without the promise the unkeyed cell decides: one-shot to 128 KiB at 2 ranks.
   const std::string distinct = decide("--bytes 16KiB");
   BOOST_TEST(distinct.starts_with("shm oneshot fused"), distinct);
 }
@@ -383,32 +386,70 @@ BOOST_AUTO_TEST_CASE(the_fusion_cap_weighs_the_fused_option_the_tables_run) {
   BOOST_TEST(!contains(r.output, "trtllm twoshot fused, 4"), r.output);
 }
 
-// shm takes one one-shot threshold for every world size: the 4-rank split
+// mnnvl takes one one-shot threshold for every world size: the 4-rank split
 // (32 KiB x 4) makes 2-rank calls above 64 KiB two-shot, which loses to the
 // baseline. The 2-rank cap was 2 MiB (one-shot's curve); it is 64 KiB.
 BOOST_AUTO_TEST_CASE(the_fusion_cap_follows_the_threshold_the_overlay_writes) {
   Scratch s;
   const std::string out = s.path("site.yaml");
-  const CommandResult r = run_arbiter("tune " + fixture("shared_threshold_cpu.csv") + " -o " + out);
+  const CommandResult r = run_arbiter("tune " + fixture("shared_threshold_mnnvl.csv") +
+                                      " --nvlink-domain --multicast -o " + out);
   BOOST_TEST(r.exit_code == 0, r.output);
   BOOST_TEST(contains(r.output,
                       "  fusion cap:   64 KiB (fused lost at 128 KiB: 292 us against 228 us for "
-                      "shm native unfused)\n"),
+                      "nccl native unfused)\n"),
              r.output);
   BOOST_TEST(contains(r.output, "  with the overlay: mean 62.5%, worst 100.0% at 128 KiB\n"),
              r.output);
   const std::string yaml = read_file(out);
   BOOST_TEST(contains(yaml,
-                      "{capability: cpu, world_size: 2, pattern: residual_rmsnorm, max: "
-                      "64KiB}"),
+                      "{capability: 100, world_size: 2, nodes: 2, pattern: "
+                      "residual_rmsnorm, max: 64KiB}"),
              yaml);
-  // 4 ranks: fused won to the largest size measured; the current 64 MiB stays.
-  BOOST_TEST(!contains(yaml, "{capability: cpu, world_size: 4, pattern: residual_rmsnorm"), yaml);
-  BOOST_TEST(contains(r.output, "note: capability cpu, world size 4, 1 node, residual_rmsnorm: "
-                                "no fusion cell: bf16 fused won up to the largest size measured, "
-                                "2 MiB, and the current cap 64 MiB is no lower"),
+  // 4 ranks: fused won to the largest size measured; the current 32 MiB stays.
+  BOOST_TEST(!contains(yaml, "{capability: 100, world_size: 4, nodes: 2"), yaml);
+  BOOST_TEST(contains(r.output,
+                      "note: capability 100, world size 4, 2 nodes, residual_rmsnorm: "
+                      "no fusion cell: bf16 fused won up to the largest size measured, "
+                      "2 MiB, and the current cap 32 MiB is no lower"),
              r.output);
   BOOST_TEST(contains(yaml, "    oneshot_max_total: 128KiB\n"), yaml);
+}
+
+// On cpu each world size's shm split is a one-shot cell of its own, which
+// shm reads before its one threshold: the 2-rank calls keep one-shot where 2
+// ranks measured it winning (one threshold from the 4-rank split made them
+// two-shot, 62.5% slower on average than the best measured).
+BOOST_AUTO_TEST_CASE(cpu_splits_are_one_shot_cells_per_world_size) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  const CommandResult r = run_arbiter("tune " + fixture("shared_threshold_cpu.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(count(r.output, "  with the overlay: mean 0.0%, worst 0.0%\n") == 2, r.output);
+  BOOST_TEST(contains(r.output,
+                      "  shm one-shot split: 32 KiB (one-shot lost at 64 KiB: 178 us "
+                      "against 65 us for shm twoshot fused); a one-shot cell\n"),
+             r.output);
+  const std::string yaml = read_file(out);
+  BOOST_TEST(contains(yaml,
+                      "    - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, "
+                      "max: 2MiB}\n"),
+             yaml);
+  BOOST_TEST(contains(yaml,
+                      "    - {capability: cpu, world_size: 4, pattern: residual_rmsnorm, "
+                      "max: 32KiB}\n"),
+             yaml);
+  BOOST_TEST(!contains(yaml, "\nbackends:"), yaml);
+  // Fused won at every size measured, under the 64 MiB cpu cap: kept.
+  BOOST_TEST(contains(r.output,
+                      "note: capability cpu, world size 4, 1 node, residual_rmsnorm: "
+                      "no fusion cell: bf16 fused won up to the largest size measured, "
+                      "2 MiB, and the current cap 64 MiB is no lower"),
+             r.output);
+  BOOST_TEST(contains(r.output, "wrote " + out +
+                                    ": 0 fusion cells, 2 one-shot cells, 0 one-shot "
+                                    "thresholds"),
+             r.output);
 }
 
 // A one-node group's cell is keyed nodes: 1. Unkeyed, a one-node replicated

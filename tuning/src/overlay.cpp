@@ -170,8 +170,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": no fusion cell (" + why + ")");
       continue;
     }
-    if (chosen->cap.kind == Cap::Kind::kBytes && chosen->cap.lost_at == 0 &&
-        options.current_cap) {
+    if (chosen->cap.kind == Cap::Kind::kBytes && chosen->cap.lost_at == 0 && options.current_cap) {
       const Group& measured = *entries[chosen - caps.data()].first;
       const std::optional<std::uint64_t> current = options.current_cap(measured);
       if (current && *current >= chosen->cap.bytes) {
@@ -267,17 +266,17 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
 
   for (const char* backend : kThresholdBackends) {
     std::vector<std::pair<const Group*, Cap>> splits;
-    std::map<Scope, std::vector<Derived>> keyed_splits;
+    std::map<Scope, std::vector<Derived>> cell_splits;
     for (const Group& g : groups) {
       Cap cap = split_cap(g, backend, options.margin_pct);
       if (cap.kind == Cap::Kind::kNone) continue;
-      if (!Scope::of(g.key).keyed()) {
+      if (g.key.capability.is_cpu()) {
+        // shm reads a cpu one-shot cell before its threshold: each measured
+        // world size (and residual, buffers) gets its own split, where one
+        // threshold for all made a 2-rank call run the 4 ranks' two-shot.
+        cell_splits[Scope::of(g.key)].push_back(Derived{g.key.dtype, std::move(cap)});
+      } else if (!Scope::of(g.key).keyed()) {
         splits.emplace_back(&g, std::move(cap));
-      } else if (g.key.capability.is_cpu()) {
-        // The threshold serves every call: a split measured with a
-        // replicated residual or registered buffers holds only for such
-        // calls, so it becomes a cpu one-shot cell keyed by them instead.
-        keyed_splits[Scope::of(g.key)].push_back(Derived{g.key.dtype, std::move(cap)});
       } else {
         overlay.notes.push_back(g.key.to_string() + ": " + backend + " one-shot split " +
                                 cap.text() +
@@ -286,7 +285,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
                                 "buffers");
       }
     }
-    for (const auto& [scope, caps] : keyed_splits) {
+    for (const auto& [scope, caps] : cell_splits) {
       oneshot_cell(scope, caps, std::string(backend) + " one-shot split");
     }
     if (splits.empty()) continue;
@@ -334,13 +333,13 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
     y += "# sizes) for the best fused option (fusion) or trtllm one-shot (oneshot) against\n";
     y += "# the best unfused option (two-shot), counting the former " + margin + " faster.\n";
   }
-  y += "# A backend's oneshot_max_total is the smallest one-shot split x world size over\n";
-  y += "# the groups that measured its one-shot and two-shot.\n";
+  y += "# mnnvl's oneshot_max_total is the smallest one-shot split x world size over the\n";
+  y += "# groups that measured its one-shot and two-shot; on cpu each group's shm split\n";
+  y += "# is a one-shot cell of its own.\n";
   y += "# Cells are keyed by pattern, so that one pattern's measurement leaves the others\n";
   y += "# alone, and (on GPUs) by nodes, one included. The tables are not keyed by\n";
   y += "# dtype: each cell says which dtype was measured. Calls measured with a replicated\n";
-  y += "# residual (bench --residual-replicated) write cells keyed `residual: replicated`;\n";
-  y += "# on cpu their shm split is such a one-shot cell, never oneshot_max_total.\n";
+  y += "# residual (bench --residual-replicated) write cells keyed `residual: replicated`.\n";
   y += "# Calls measured in registered memory (bench --registered) likewise write cells\n";
   y += "# keyed `buffers: registered`.\n";
   y += "format: 1\n\n";

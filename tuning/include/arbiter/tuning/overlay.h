@@ -8,8 +8,8 @@
 //            them (and a one-node replicated cell and a 2-node cell cannot
 //            both match a call). cpu cells carry no `nodes` key (shm runs on
 //            one node only).
-//   oneshot  {capability, world_size, pattern, max} (single-node trtllm;
-//            cpu: a replicated residual's shm split, below).
+//   oneshot  {capability, world_size, pattern, max}: single-node trtllm's
+//            one-shot cap, and on cpu shm's one-shot split (below).
 // The tables are not keyed by dtype: each cell's comment names the dtype
 // measured. When several dtypes of one (capability, world size, nodes,
 // pattern) give different caps the smaller is written (`off` is smaller than
@@ -20,21 +20,23 @@
 //
 // Backends with `algorithm: threshold` (shm, mnnvl) take one threshold for
 // every world size: `backends.<name>.oneshot_max_total`, one-shot while
-// bytes x world size <= it. Each group measuring both algorithms gives its
-// split x world size; the smallest is written, so one-shot runs only where
-// every group measured it winning. A group where one-shot lost from the
-// smallest size writes none (the note says so).
+// bytes x world size <= it. shm on CPU ranks reads a cpu one-shot cell
+// first, so each cpu group's split is such a cell {capability: cpu,
+// world_size, pattern, max: split} (a 2-rank call no longer runs the
+// two-shot a 4-rank split sets), and the threshold stays as it was for the
+// world sizes not measured. mnnvl's (GPU) groups measuring both algorithms
+// give their split x world size; the smallest is written, so one-shot runs
+// only where every group measured it winning. A group where one-shot lost
+// from the smallest size writes none (the note says so).
 //
 // Groups measured with a replicated residual (ARBITER_RUN_RESIDUAL_REPLICATED,
 // `arbiter bench --residual-replicated`) write cells keyed `residual:
 // replicated`, which win over the unkeyed cells for such calls only; the
 // other groups write no residual key. Their split never feeds
 // oneshot_max_total (it serves every call): on capability cpu it is a
-// one-shot cell {capability: cpu, world_size, pattern, residual: replicated,
-// max: split}, which shm consults before its threshold; by the rules above,
-// none (a note) when two-shot won from the smallest compared size. On GPUs
-// (mnnvl) such a split is a note: only cpu one-shot cells set a threshold
-// backend's split.
+// one-shot cell keyed `residual: replicated` as above. On GPUs (mnnvl) such
+// a split is a note: only cpu one-shot cells set a threshold backend's
+// split.
 //
 // Fusion caps weigh the fused option the tables run at each size (the
 // backend their preference picks, one-shot or two-shot by the one-shot cells
@@ -47,7 +49,7 @@
 // treated the same way with the key `buffers: registered` (both keys for a
 // group that is both): their cells win over the unkeyed ones for calls whose
 // input is registered, and on cpu their shm split is a one-shot cell keyed
-// so, never the threshold.
+// so.
 #pragma once
 
 #include <cstdint>
