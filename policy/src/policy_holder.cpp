@@ -12,9 +12,11 @@ PolicyHolder::PolicyHolder(Policy initial) {
 PolicyHolder::~PolicyHolder() = default;
 
 ReloadResult PolicyHolder::reload(const LoadOptions& options) {
+  // The ticket is taken before the files are read: a reload that began
+  // later read them later, so its tables win whichever load finishes first.
+  const std::uint64_t ticket = tickets_.fetch_add(1, std::memory_order_relaxed) + 1;
   // Loading runs outside the lock: a slow file system delays only this
-  // writer, and a concurrent writer that publishes first is simply
-  // superseded, as if it had been called earlier.
+  // writer.
   LoadResult loaded = Policy::load(options);
   ReloadResult result;
   result.diagnostics = std::move(loaded.diagnostics);
@@ -22,15 +24,27 @@ ReloadResult PolicyHolder::reload(const LoadOptions& options) {
     result.generation = generation();
     return result;
   }
-  result.generation = publish(*std::move(loaded.policy));
-  result.published = true;
+  const std::optional<std::uint64_t> generation = install(*std::move(loaded.policy), ticket);
+  result.published = generation.has_value();
+  result.superseded = !generation;
+  result.generation = generation ? *generation : this->generation();
   return result;
 }
 
 std::uint64_t PolicyHolder::publish(Policy policy) {
+  const std::uint64_t ticket = tickets_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // The newest ticket of all: never superseded.
+  return *install(std::move(policy), ticket);
+}
+
+std::optional<std::uint64_t> PolicyHolder::install(Policy policy, std::uint64_t ticket) {
   auto version = std::make_unique<const Policy>(std::move(policy));
   const Policy* fresh = version.get();
   std::lock_guard<std::mutex> lock(writer_);
+  // A writer that began later has published: these tables, read earlier,
+  // would put stale ones back.
+  if (ticket < installed_ticket_) return std::nullopt;
+  installed_ticket_ = ticket;
   versions_.push_back(std::move(version));
   // The Policy is completely built before this store; the release pairs
   // with the acquire in current(), so a reader that sees the pointer sees

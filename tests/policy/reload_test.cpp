@@ -7,6 +7,7 @@
 
 #include "print.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <array>
 #include <atomic>
@@ -373,4 +374,36 @@ BOOST_AUTO_TEST_CASE(a_reference_to_an_old_version_stays_valid_across_reloads) {
     BOOST_TEST(same(old.decide(requests()[i]), a.decisions[i]));
   }
   BOOST_TEST(holder.fingerprint() != a.fingerprint);
+}
+
+// Two reloads at once: the one called last wins, whichever finishes loading
+// first. Reload A reads a FIFO, so it stays inside its load until this test
+// writes the (older) tables; meanwhile reload B publishes. A used to publish
+// over B when it finished: the tables read earlier were left in use.
+BOOST_AUTO_TEST_CASE(a_reload_called_earlier_never_replaces_one_called_later) {
+  TempDir dir;
+  const std::string fifo = (dir.path / "slow.yaml").string();
+  BOOST_TEST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string file_b = dir.write("b.yaml", kSiteB);
+  PolicyHolder holder(must_load(LoadOptions{}));
+  ReloadResult a;
+  std::thread slow([&] { a = holder.reload(site(fifo)); });
+  // Opening for writing returns once reload A has opened the FIFO to read
+  // it: A has begun (and taken its turn) before B is called.
+  std::ofstream writer(fifo, std::ios::binary);
+  const ReloadResult b = holder.reload(site(file_b));
+  BOOST_TEST(b.published);
+  BOOST_TEST(b.generation == 1u);
+  writer << kSiteA;
+  writer.close();
+  slow.join();
+  BOOST_TEST(!a.published);
+  BOOST_TEST(a.superseded);
+  BOOST_TEST(!has_errors(a.diagnostics));
+  BOOST_TEST(a.generation == 1u);
+  BOOST_TEST(holder.generation() == 1u);
+  BOOST_TEST(holder.fingerprint() == must_load(site(file_b)).fingerprint());
+  // A later reload of the same tables A read publishes as usual.
+  BOOST_TEST(holder.reload(site(dir.write("a.yaml", kSiteA))).published);
+  BOOST_TEST(holder.generation() == 2u);
 }

@@ -17,7 +17,8 @@
 // Writers: reload() loads a new Policy (all or nothing: a table with any
 // error publishes nothing and returns the diagnostics) and publishes it;
 // publish() installs one loaded elsewhere. Writers are serialised by a mutex
-// that readers never touch.
+// that readers never touch, and ordered by when they were called: a reload
+// that read its files earlier never replaces tables read later.
 //
 // Memory: a reference returned by current() stays valid until the holder is
 // destroyed, so every published version is kept until then; readers pay no
@@ -50,6 +51,10 @@ struct ReloadResult {
   // True when the new tables were published; false when the load found an
   // error (the previous tables stay in use).
   bool published = false;
+  // True when the tables loaded but were not published: a reload (or
+  // publish) that began later had published already, and its tables, read
+  // later, stay in use.
+  bool superseded = false;
   // The generation in use after the call (0 is the initial version).
   std::uint64_t generation = 0;
   // Errors and warnings of the load, in file order.
@@ -78,7 +83,10 @@ class PolicyHolder {
   std::uint64_t fingerprint() const noexcept { return current().fingerprint(); }
 
   // Loads `options` (see Policy::load) and, when that finds no error,
-  // publishes the result. Never throws for bad input.
+  // publishes the result, unless a reload or publish that began later has
+  // published first (ReloadResult::superseded): concurrent reloads leave the
+  // tables of the one called last, whichever finishes loading first. Never
+  // throws for bad input.
   [[nodiscard]] ReloadResult reload(const LoadOptions& options);
   // Publishes `policy`; returns its generation.
   std::uint64_t publish(Policy policy);
@@ -89,9 +97,15 @@ class PolicyHolder {
   std::size_t retained_versions() const;
 
  private:
+  // Installs `policy` unless a writer with a later ticket already has;
+  // returns its generation, or nullopt when superseded.
+  std::optional<std::uint64_t> install(Policy policy, std::uint64_t ticket);
+
   std::atomic<const Policy*> current_;
   std::atomic<std::uint64_t> generation_{0};
-  mutable std::mutex writer_;                            // guards versions_ and publishing
+  std::atomic<std::uint64_t> tickets_{0};  // one per reload() or publish(), in call order
+  mutable std::mutex writer_;              // guards versions_, installed_ticket_, publishing
+  std::uint64_t installed_ticket_ = 0;     // the ticket of the tables in use
   std::vector<std::unique_ptr<const Policy>> versions_;  // oldest first
 };
 
