@@ -573,3 +573,18 @@ def test_a_forked_child_cannot_use_or_abort_its_parents_communicator():
         os.waitpid(pid, 0)
         assert child.startswith("INVALID_ARGUMENT") and "has since forked" in child, child
         assert np.array_equal(comm.allreduce_fusion(x).allreduce_out, x)  # not aborted
+
+
+def test_a_communicator_for_patterns_no_backend_runs_is_created_and_refuses_their_calls():
+    # NVFP4 alone on CPU ranks: shm runs it not. As the docs promise for any
+    # pattern no backend runs, creation goes on and the calls are refused
+    # with the reason (creation failed, "the fallback backend shm is not usable").
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="fp32",
+                              patterns=["residual_rmsnorm_fp4"]) as comm:
+        x = np.ones((2, 64), np.float32)
+        with pytest.raises(arbiter.ArbiterError) as e:
+            comm.allreduce_fusion(x, x.copy(), np.ones(64, np.float32),
+                                  pattern="residual_rmsnorm_fp4", scale=1.0)
+        assert e.value.status == arbiter.Status.UNSUPPORTED
+        assert "no backend can run this residual_rmsnorm_fp4 (NVFP4) call" in e.value.message
+        assert "shm: runs none of the patterns asked for" in e.value.message

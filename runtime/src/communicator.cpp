@@ -542,6 +542,9 @@ void Communicator::Impl::create(const Registry& registry) {
                       "size)";
   }
   std::uint32_t mode_dropped = 0;
+  // Backends that run none of the patterns asked for: such calls are
+  // refused per call, naming each backend's reason; creation goes on.
+  std::uint32_t pattern_dropped = 0;
   for (const PlannedWorkspace& planned : plan.workspaces) {
     const Backend b = planned.backend;
     const int i = static_cast<int>(b);
@@ -567,6 +570,7 @@ void Communicator::Impl::create(const Registry& registry) {
     const std::uint32_t asked = asked_patterns & common_patterns[i];
     if (asked == 0) {
       unusable_candidates |= 1u << i;
+      pattern_dropped |= 1u << i;
       drop(b, "runs none of the patterns asked for (" + pattern_names(asked_patterns) +
                   "; it runs " + pattern_names(common_patterns[i]) + " on this device)");
       continue;
@@ -651,7 +655,18 @@ void Communicator::Impl::create(const Registry& registry) {
       fallback != Backend::kNone && ((usable >> static_cast<int>(fallback)) & 1u);
   const bool fallback_dropped_by_mode =
       fallback != Backend::kNone && ((mode_dropped >> static_cast<int>(fallback)) & 1u);
-  if (!fallback_usable && !fallback_dropped_by_mode) {
+  // No backend runs any pattern asked for (NVFP4 alone on CPU ranks): as
+  // for any pattern no backend runs, its calls are refused and creation goes
+  // on. A fallback that runs none while a fused backend runs some still
+  // stops creation: calls above the fused cap would have nowhere to go.
+  std::uint32_t runnable = 0;
+  for (int i = 0; i < kBackendCount; ++i) {
+    if ((usable >> i) & 1u) runnable |= patterns[i];
+  }
+  const bool nothing_runs_asked =
+      fallback != Backend::kNone && ((pattern_dropped >> static_cast<int>(fallback)) & 1u) &&
+      (runnable & asked_patterns) == 0;
+  if (!fallback_usable && !fallback_dropped_by_mode && !nothing_runs_asked) {
     destroy();
     // Why: its own reason (not allowed, unavailable, creation failed), else
     // the last backend dropped.
