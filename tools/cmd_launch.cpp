@@ -397,7 +397,13 @@ int Launcher::run() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(signo, &action, nullptr);
+  // Every signal whose default would end the launcher at once (and leave
+  // the ranks to die by their parent-death signal, with no summary and
+  // nothing removed from /dev/shm) stops the job as SIGTERM does.
+  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
+                    SIGPROF, SIGXCPU, SIGXFSZ}) {
+    ::sigaction(signo, &action, nullptr);
+  }
   ::signal(SIGPIPE, SIG_IGN);
 
   const std::string token = random_token();

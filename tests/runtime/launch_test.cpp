@@ -192,6 +192,24 @@ BOOST_AUTO_TEST_CASE(ranks_ignoring_sigterm_get_sigkill_after_the_grace_period) 
   BOOST_TEST(run.seconds < 6, "took " << run.seconds << " s");
 }
 
+// A signal that would end the launcher at once (SIGUSR1's default) stops
+// the job as SIGTERM does: the ranks are stopped, the summary says why, and
+// the exit status is 128 + N. It killed the launcher outright (exit 138, no
+// summary, nothing removed from /dev/shm).
+BOOST_AUTO_TEST_CASE(sigusr1_stops_the_job_like_sigterm) {
+  const std::string script =
+      "env -u UCX_TLS -u UCX_NET_DEVICES " + std::string(ARBITER_BIN) +
+      " launch --nproc 2 -- sh -c 'echo up; exec sleep 30' & pid=$!; sleep 1.5; kill -USR1 $pid; "
+      "wait $pid; echo launch-exit=$?";
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult r = run_command("sh -c " + shell_quote(script));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  BOOST_TEST(contains(r.output, "launch-exit=138"), r.output);
+  BOOST_TEST(contains(r.output, "interrupted by SIGUSR1"), r.output);
+  BOOST_TEST(seconds < 15, "took " << seconds << " s");
+}
+
 BOOST_AUTO_TEST_CASE(nothing_a_rank_started_outlives_the_launch) {
   // Each rank leaves a background child; rank 1 fails. Afterwards no
   // process with the marker may remain.
