@@ -421,13 +421,21 @@ class Merger {
     std::uint32_t mask = 0;
     std::vector<std::string_view> known = {"trtllm", "mnnvl", "nccl", "shm"};
     std::string_view rest = *env;
+    int item_number = 0;
+    bool empty_said = false;  // one error for every empty name
     while (true) {
+      ++item_number;
       const auto comma = rest.find(',');
       std::string_view item = rest.substr(0, comma);
       while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
       while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
       if (item.empty()) {
-        error_env("empty backend name in '" + *env + "'", "write a comma list such as trtllm,nccl");
+        if (!empty_said) {
+          error_env(
+              "empty backend name (item " + std::to_string(item_number) + ") in '" + *env + "'",
+              "write a comma list such as trtllm,nccl");
+        }
+        empty_said = true;
       } else if (Parsed<Backend> b = parse_backend(item); !b) {
         error_env(b.error + " (in '" + *env + "')", "fix the name or remove it");
       } else {

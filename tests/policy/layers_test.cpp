@@ -173,6 +173,14 @@ BOOST_AUTO_TEST_CASE(arbiter_backends_restricts_and_rejects_unknown_names) {
   BOOST_TEST(m.find("did you mean 'nccl'") != std::string::npos, m);
   o.backends_env = "trtllm,,nccl";
   BOOST_TEST(!Policy::load(o).policy.has_value());
+  // Several empty names: one error, naming where the first is.
+  o.backends_env = "shm,,";
+  r = Policy::load(o);
+  BOOST_TEST(!r.policy.has_value());
+  BOOST_TEST(r.diagnostics.size() == 1u, messages(r.diagnostics));
+  BOOST_TEST(messages(r.diagnostics).find("empty backend name (item 2) in 'shm,,'") !=
+                 std::string::npos,
+             messages(r.diagnostics));
 }
 
 BOOST_AUTO_TEST_CASE(disabling_the_fallback_leaves_no_backend_rather_than_crashing) {
