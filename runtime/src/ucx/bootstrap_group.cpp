@@ -14,6 +14,8 @@
 #include <mutex>
 #include <thread>
 
+#include "arbiter/common/deadline.h"
+
 namespace arbiter::bootstrap {
 
 namespace {
@@ -40,9 +42,10 @@ constexpr auto kRetryCap = std::chrono::milliseconds(100);
 // refused, not left to wait out its timeout. The rest is slack for a busy
 // host's scheduler.
 constexpr auto kListenAtLeast = 5 * kRetryCap;
-// Longer timeouts wait this long: one meant as "never" (1e10 s) would
-// overflow the clock's 64-bit nanoseconds and end at once.
-constexpr auto kLongestWait = std::chrono::milliseconds(std::int64_t{30} * 24 * 3600 * 1000);
+// Longer timeouts wait this long, as every wait of arbiter's does: one meant
+// as "never" (1e10 s) would overflow the clock's 64-bit nanoseconds and end
+// at once.
+constexpr auto kLongestWait = std::chrono::milliseconds(arbiter::common::kLongestWaitMs);
 // How often rank 0 looks whether a port in TIME_WAIT is free again.
 constexpr auto kTimeWaitPoll = std::chrono::milliseconds(250);
 
