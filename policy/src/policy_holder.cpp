@@ -32,19 +32,21 @@ ReloadResult PolicyHolder::reload(const LoadOptions& options) {
 }
 
 std::uint64_t PolicyHolder::publish(Policy policy) {
-  const std::uint64_t ticket = tickets_.fetch_add(1, std::memory_order_relaxed) + 1;
-  // The newest ticket of all: never superseded.
-  return *install(std::move(policy), ticket);
+  // Its ticket is taken under the lock (install()): newer than any tables
+  // installed, so never superseded.
+  return *install(std::move(policy), std::nullopt);
 }
 
-std::optional<std::uint64_t> PolicyHolder::install(Policy policy, std::uint64_t ticket) {
+std::optional<std::uint64_t> PolicyHolder::install(Policy policy,
+                                                   std::optional<std::uint64_t> ticket) {
   auto version = std::make_unique<const Policy>(std::move(policy));
   const Policy* fresh = version.get();
   std::lock_guard<std::mutex> lock(writer_);
+  if (!ticket) ticket = tickets_.fetch_add(1, std::memory_order_relaxed) + 1;
   // A writer that began later has published: these tables, read earlier,
   // would put stale ones back.
-  if (ticket < installed_ticket_) return std::nullopt;
-  installed_ticket_ = ticket;
+  if (*ticket < installed_ticket_) return std::nullopt;
+  installed_ticket_ = *ticket;
   versions_.push_back(std::move(version));
   // The Policy is completely built before this store; the release pairs
   // with the acquire in current(), so a reader that sees the pointer sees

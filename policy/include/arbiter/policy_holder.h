@@ -18,7 +18,7 @@
 // error publishes nothing and returns the diagnostics) and publishes it;
 // publish() installs one loaded elsewhere. Writers are serialised by a mutex
 // that readers never touch, and ordered by when they were called: a reload
-// that read its files earlier never replaces tables read later.
+// never replaces the tables of a reload or publish called after it.
 //
 // Memory: a reference returned by current() stays valid until the holder is
 // destroyed, so every published version is kept until then; readers pay no
@@ -49,7 +49,7 @@ namespace arbiter {
 
 struct ReloadResult {
   // True when the new tables were published; false when the load found an
-  // error (the previous tables stay in use).
+  // error (the previous tables stay in use) or was superseded (below).
   bool published = false;
   // True when the tables loaded but were not published: a reload (or
   // publish) that began later had published already, and its tables, read
@@ -98,8 +98,9 @@ class PolicyHolder {
 
  private:
   // Installs `policy` unless a writer with a later ticket already has;
-  // returns its generation, or nullopt when superseded.
-  std::optional<std::uint64_t> install(Policy policy, std::uint64_t ticket);
+  // returns its generation, or nullopt when superseded. No ticket: one
+  // taken under the lock, so the newest (publish()).
+  std::optional<std::uint64_t> install(Policy policy, std::optional<std::uint64_t> ticket);
 
   std::atomic<const Policy*> current_;
   std::atomic<std::uint64_t> generation_{0};
