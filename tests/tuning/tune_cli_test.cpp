@@ -312,10 +312,10 @@ BOOST_AUTO_TEST_CASE(a_replicated_residual_gets_its_own_one_shot_cell) {
   // Fused won at every size measured, and the default cpu cap (64 MiB) is
   // larger: no fusion cell lowers it to 512 KiB without a measured loss.
   BOOST_TEST(contains(r.output,
-                      "note: capability cpu, world size 2, 1 node, residual_rmsnorm, residual "
-                      "replicated: no fusion cell: bf16 fused won up to the largest size "
-                      "measured, 512 KiB, and the current cap 64 MiB is no lower, so it stays "
-                      "(measure larger sizes to move it)\n"),
+                      "note: capability cpu, world size 2, 1 node, residual_rmsnorm: no fusion "
+                      "cell: fused won at every size compared, up to the largest measured (512 "
+                      "KiB), and the current cap 64 MiB is no lower, so it stays (measure larger "
+                      "sizes to move it)\n"),
              r.output);
   BOOST_TEST(contains(r.output,
                       "wrote " + out + ": 0 fusion cells, 2 one-shot cells, 0 one-shot thresholds"),
@@ -410,8 +410,8 @@ BOOST_AUTO_TEST_CASE(the_fusion_cap_follows_the_threshold_the_overlay_writes) {
   BOOST_TEST(!contains(yaml, "{capability: 100, world_size: 4, nodes: 2"), yaml);
   BOOST_TEST(contains(r.output,
                       "note: capability 100, world size 4, 2 nodes, residual_rmsnorm: "
-                      "no fusion cell: bf16 fused won up to the largest size measured, "
-                      "2 MiB, and the current cap 32 MiB is no lower"),
+                      "no fusion cell: fused won at every size compared, up to the largest "
+                      "measured (2 MiB), and the current cap 32 MiB is no lower"),
              r.output);
   BOOST_TEST(contains(yaml, "    oneshot_max_total: 128KiB\n"), yaml);
 }
@@ -443,8 +443,8 @@ BOOST_AUTO_TEST_CASE(cpu_splits_are_one_shot_cells_per_world_size) {
   // Fused won at every size measured, under the 64 MiB cpu cap: kept.
   BOOST_TEST(contains(r.output,
                       "note: capability cpu, world size 4, 1 node, residual_rmsnorm: "
-                      "no fusion cell: bf16 fused won up to the largest size measured, "
-                      "2 MiB, and the current cap 64 MiB is no lower"),
+                      "no fusion cell: fused won at every size compared, up to the largest "
+                      "measured (2 MiB), and the current cap 64 MiB is no lower"),
              r.output);
   BOOST_TEST(contains(r.output, "wrote " + out +
                                     ": 0 fusion cells, 2 one-shot cells, 0 one-shot "
@@ -482,4 +482,25 @@ BOOST_AUTO_TEST_CASE(one_node_cells_leave_multi_node_calls_alone) {
   BOOST_TEST(r.exit_code == 0, r.output);
   BOOST_TEST(contains(r.output, "(default)]\n  4. 1 MiB <= cap"), r.output);
   BOOST_TEST(contains(r.output, "decision: mnnvl"), r.output);
+}
+
+// The current cap stays only where it is what the calls get and every dtype
+// won to the end: a replicated group under a plain cell this overlay writes
+// gets its own cell (it was "kept", and replicated calls then got the plain
+// 128 KiB cell), and one dtype's win does not hide another's measured loss.
+BOOST_AUTO_TEST_CASE(the_current_cap_stays_only_where_every_call_would_get_it) {
+  Scratch s;
+  const std::string out = s.path("site.yaml");
+  const CommandResult r = run_arbiter("tune " + fixture("keep_rules_cpu.csv") + " -o " + out);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(!contains(r.output, "no fusion cell"), r.output);
+  BOOST_TEST(count(r.output, "  with the overlay: mean 0.0%, worst 0.0%\n") == 3, r.output);
+  const std::string yaml = read_file(out);
+  for (const char* cell :
+       {"  - {capability: cpu, world_size: 2, pattern: allreduce, max: 1MiB}\n",
+        "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, max: 128KiB}\n",
+        "  - {capability: cpu, world_size: 2, pattern: residual_rmsnorm, residual: replicated, "
+        "max: 1MiB}\n"}) {
+    BOOST_TEST(contains(yaml, cell), cell << yaml);
+  }
 }

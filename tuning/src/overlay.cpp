@@ -157,6 +157,31 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   Overlay overlay;
   std::map<Scope, const OverlayCell*> fusion_cell;
   overlay.fusion.reserve(fusion_by_scope.size());
+  // The cell written for `scope` without its buffers key, else without its
+  // residual key too (the order a call's cells widen in).
+  auto wider_written = [&](Scope wider) -> const OverlayCell* {
+    auto written = [&](const Scope& s) -> const OverlayCell* {
+      for (const OverlayCell& c : overlay.fusion) {
+        const Scope of{c.capability,
+                       c.world_size,
+                       c.nodes == 0 ? 1 : c.nodes,
+                       c.pattern,
+                       c.residual == Residual::kReplicated,
+                       c.buffers.has_value()};
+        if (of == s) return &c;
+      }
+      return nullptr;
+    };
+    if (wider.registered) {
+      wider.registered = false;
+      if (const OverlayCell* c = written(wider)) return c;
+    }
+    if (wider.replicated) {
+      wider.replicated = false;
+      if (const OverlayCell* c = written(wider)) return c;
+    }
+    return nullptr;
+  };
   if (!options.fusion_cells) fusion_by_scope.clear();
   for (const auto& [scope, entries] : fusion_by_scope) {
     std::vector<Derived> caps;
@@ -170,15 +195,26 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": no fusion cell (" + why + ")");
       continue;
     }
-    if (chosen->cap.kind == Cap::Kind::kBytes && chosen->cap.lost_at == 0 && options.current_cap) {
-      const Group& measured = *entries[chosen - caps.data()].first;
-      const std::optional<std::uint64_t> current = options.current_cap(measured);
-      if (current && *current >= chosen->cap.bytes) {
-        overlay.notes.push_back(
-            scope.to_string() + ": no fusion cell: " + std::string(dtype_name(chosen->dtype)) +
-            " fused won up to the largest size measured, " + format_size(chosen->cap.bytes) +
-            ", and the current cap " + format_size(*current) +
-            " is no lower, so it stays (measure larger sizes to move it)");
+    if (options.current_cap && !wider_written(scope)) {
+      // Every dtype's fused won up to the largest size measured: a cell
+      // could only lower a current cap that is no lower. (Under a cell this
+      // overlay writes for the scope without its residual or buffers key,
+      // the current cap is not what these calls get: the cell is written.)
+      bool won_to_the_end = true;
+      std::uint64_t largest = 0;
+      for (const auto& [g, d] : entries) {
+        if (d.cap.kind == Cap::Kind::kNone) continue;
+        won_to_the_end = won_to_the_end && d.cap.kind == Cap::Kind::kBytes && d.cap.lost_at == 0 &&
+                         !d.cap.compared.empty() && d.cap.compared.back() == g->sizes.back();
+        largest = std::max(largest, d.cap.bytes);
+      }
+      const std::optional<std::uint64_t> current =
+          won_to_the_end ? options.current_cap(*entries[chosen - caps.data()].first) : std::nullopt;
+      if (current && *current >= largest) {
+        overlay.notes.push_back(scope.to_string() + ": no fusion cell: fused won at every size " +
+                                "compared, up to the largest measured (" + format_size(largest) +
+                                "), and the current cap " + format_size(*current) +
+                                " is no lower, so it stays (measure larger sizes to move it)");
         continue;
       }
     }
