@@ -51,7 +51,8 @@ Parsed<Capability> parse_capability(std::string_view text) {
         !parse_uint(text.substr(dot + 1), minor) || dot + 2 != text.size()) {
       return {std::nullopt, "unknown capability '" + original + "'; " + hint};
     }
-    value = major * 10 + minor;
+    // Checked before the product: 429496740.3 wrapped around to 107.
+    value = major > Capability::kMaxSm ? Capability::kMaxSm + 1 : major * 10 + minor;
   } else if (!parse_uint(text, value)) {
     return {std::nullopt, "unknown capability '" + original + "'; " + hint};
   }
