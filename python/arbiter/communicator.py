@@ -121,7 +121,7 @@ class Communicator:
         timeout: float | None = None,
         capability: int | str | tuple = "cpu",
         nodes: int = 1,
-        nvlink_domain: bool = True,
+        nvlink_domain: bool | None = None,
         multicast: bool = False,
         patterns: object = None,
     ) -> None:
@@ -129,6 +129,11 @@ class Communicator:
         object with allgather(bytes) -> list[bytes] (see arbiter.oob). GPU
         ranks (capability "9.0", 90 or (9, 0)) use CUDA device `local_rank`;
         "cpu" ranks run on host memory (the shm backend).
+
+        `nvlink_domain`: None (auto): NVLink on one node, none across nodes;
+        True for every rank in one NVLink domain (a GB300 NVL72 rack across
+        nodes), False for PCIe only. As Request's, so that the communicator
+        and Policy.decide() answer alike.
 
         `patterns`: the patterns calls will use (names or Pattern values, e.g.
         ["residual_rmsnorm"]); None asks for all four. Each backend is asked
@@ -169,7 +174,7 @@ class Communicator:
         timeout: float | None = None,
         capability: int | str | tuple = "cpu",
         nodes: int = 1,
-        nvlink_domain: bool = True,
+        nvlink_domain: bool | None = None,
         multicast: bool = False,
         patterns: object = None,
         device: int | None = None,
@@ -203,7 +208,7 @@ class Communicator:
         timeout: float | None = None,
         capability: int | str | tuple | None = None,
         nodes: int = 1,
-        nvlink_domain: bool = True,
+        nvlink_domain: bool | None = None,
         multicast: bool = False,
         patterns: object = None,
     ) -> "Communicator":
@@ -253,9 +258,11 @@ class Communicator:
         self.hidden = hidden
         self.dtype = parse_dtype(dtype)
         self.max_tokens = max_tokens
-        if isinstance(capability, tuple) and len(capability) == 2:
-            capability = "{}.{}".format(*capability)  # torch.cuda.get_device_capability()
-        self.capability = parse_capability(capability)
+        self.capability = parse_capability(capability)  # (9, 0) too: torch's tuple
+        if nvlink_domain is not None and not isinstance(nvlink_domain, bool):
+            raise _invalid(f"nvlink_domain {nvlink_domain!r} is not True, False or None (auto)")
+        if not isinstance(multicast, bool):
+            raise _invalid(f"multicast {multicast!r} is not a bool")
         if self.capability != 0 and local_rank is not None and not (
             isinstance(local_rank, int) and local_rank >= 0
         ):
@@ -263,7 +270,8 @@ class Communicator:
         self._options = _library.CCommOptions(
             capability=self.capability,
             nodes=nodes,
-            nvlink_domain=1 if nvlink_domain else 2,  # ARBITER_NVLINK_YES / _NO
+            # ARBITER_NVLINK_AUTO / _YES / _NO
+            nvlink_domain=0 if nvlink_domain is None else 1 if nvlink_domain else 2,
             multicast=1 if multicast else 0,
             device=-1 if self.capability == 0 else (-1 if local_rank is None else local_rank),
             max_tokens=max_tokens or 0,
@@ -596,6 +604,17 @@ class Communicator:
                 self.close()
             except Exception:
                 pass
+
+    def __copy__(self):
+        # A copy would share the handle and outlive close() (use after free).
+        raise TypeError("an arbiter.Communicator is this rank's place in a group and cannot be "
+                        "copied; pass the object itself")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        self.__copy__()
 
     def __repr__(self) -> str:
         if not self._handle:

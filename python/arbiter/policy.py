@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import os
 import re
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Union
@@ -48,7 +49,7 @@ _NO_CAP = (1 << 64) - 1
 _MIN_SM, _MAX_SM = 50, 199
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
-Capability = Union[int, str]
+Capability = Union[int, str, tuple]
 Size = Union[int, str]
 
 
@@ -58,10 +59,17 @@ def element_size(dtype: str | Dtype) -> int:
 
 
 def parse_capability(value: Capability) -> int:
-    """103, "103", "10.3", "sm_103", "sm103" -> 103; "cpu" (or 0) -> 0, as the
-    C API encodes CPU ranks."""
+    """103, "103", "10.3", "sm_103", "sm103", (10, 3) -> 103; "cpu" (or 0) ->
+    0, as the C API encodes CPU ranks. A (major, minor) tuple is what
+    torch.cuda.get_device_capability() returns."""
     if isinstance(value, bool):
         raise _invalid(f"capability {value!r} is not a capability")
+    if isinstance(value, tuple):
+        if not (len(value) == 2 and all(type(v) is int for v in value)
+                and 0 < value[0] < 100 and 0 <= value[1] <= 9):
+            raise _invalid(f"capability {value!r}: a tuple must be (major, minor), minor a "
+                           "digit, as torch.cuda.get_device_capability() returns")
+        value = "{}.{}".format(*value)
     if isinstance(value, int):
         code = value
         text = str(value)
@@ -70,12 +78,12 @@ def parse_capability(value: Capability) -> int:
         if text == "cpu":
             return 0
         hint = 'write major*10+minor (90, 100, 103), "10.3", "sm_103" or cpu'
-        m = re.fullmatch(r"(\d+)\.(\d)", text) or re.fullmatch(r"(?:sm_?)?(\d+)", text)
+        m = re.fullmatch(r"([0-9]+)\.([0-9])", text) or re.fullmatch(r"(?:sm_?)?([0-9]+)", text)
         if not m:
             raise _invalid(f"unknown capability '{text}'; {hint}")
         code = int(m.group(1)) * 10 + int(m.group(2)) if m.lastindex == 2 else int(m.group(1))
     else:
-        raise _invalid(f"capability {value!r} is not an int or a string")
+        raise _invalid(f"capability {value!r} is not an int, a string or a (major, minor) tuple")
     if not (code == 0 and isinstance(value, int)) and not _MIN_SM <= code <= _MAX_SM:
         hint = f"did you mean {code * 10}?" if 5 <= code <= 19 else "write major*10+minor"
         raise _invalid(f"capability '{text}' is outside {_MIN_SM}..{_MAX_SM}; {hint}")
@@ -142,7 +150,7 @@ def parse_size(value: Size) -> int:
         number, text = Fraction(value), str(value)
     else:
         text = value
-        m = re.fullmatch(r"\s*\+?(\d+(?:\.\d*)?|\.\d+) ?([A-Za-z]*)\s*", text)
+        m = re.fullmatch(r"\s*\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+) ?([A-Za-z]*)\s*", text)
         if not m:
             raise _invalid(f"size '{text}' is not a number; write e.g. 524288, 512KiB or 64MiB")
         if not m.group(2) and "." in m.group(1):
@@ -188,7 +196,17 @@ class Request:
     residual_replicated: bool = False
     buffers_registered: bool = False
 
-    def _to_c(self) -> _library.CRequestEx:
+    def _to_c(self, sized: bool = False) -> _library.CRequestEx:
+        """The C request; `sized`: the call's size must be known (decide,
+        explain), as message_bytes or tokens and hidden."""
+        if sized and self.message_bytes is None and not (self.tokens and self.hidden):
+            raise _invalid("give the message size: message_bytes=..., or tokens= and hidden= "
+                           "(a decision for 0 bytes would say fused for any real size)")
+        if self.nvlink_domain is not None and not isinstance(self.nvlink_domain, bool):
+            raise _invalid(f"nvlink_domain {self.nvlink_domain!r} is not True, False or None "
+                           "(auto)")
+        if not isinstance(self.multicast, bool):
+            raise _invalid(f"multicast {self.multicast!r} is not a bool")
         ex = _library.CRequestEx()
         ex.size = ctypes.sizeof(ex)
         if not isinstance(self.buffers_registered, bool):
@@ -258,6 +276,9 @@ class Policy:
     def __init__(self, handle: ctypes.c_void_p, lib: ctypes.CDLL) -> None:
         self._handle = handle
         self._lib = lib
+        # close() from one thread while another decides: the C calls run
+        # under it, so the tables are never freed under a decision.
+        self._lock = threading.Lock()
 
     @classmethod
     def from_environment(cls) -> "Policy":
@@ -283,19 +304,37 @@ class Policy:
         if isinstance(site_files, (str, os.PathLike)):
             site_files = [site_files]
         paths = [os.fsencode(p) for p in site_files]
+        for p in paths:  # C would read the path up to the NUL: another file
+            if b"\0" in p:
+                raise _invalid(f"site file {p!r}: a path with a NUL byte")
         array = (ctypes.c_char_p * max(len(paths), 1))(*paths)
         lib = _library.library()
         handle = ctypes.c_void_p()
         if backends is not None and not isinstance(backends, str):
             backends = ",".join(backends)  # ["shm", "nccl"] as "shm,nccl"
-        env = None if backends is None else backends.encode()
+        if backends is not None and "\0" in backends:
+            raise _invalid(f"backends {backends!r}: a NUL byte")
+        # "" as ARBITER_BACKENDS="" reads: unrestricted.
+        env = None if not backends else backends.encode()
         _library.check(lib, lib.arbiter_policy_load(array, len(paths), env, ctypes.byref(handle)))
         return cls(handle, lib)
 
     def close(self) -> None:
-        if self._handle:
-            self._lib.arbiter_policy_free(self._handle)
-            self._handle = ctypes.c_void_p()
+        with self._lock:
+            if self._handle:
+                self._lib.arbiter_policy_free(self._handle)
+                self._handle = ctypes.c_void_p()
+
+    def __copy__(self):
+        # A copy would share the handle and outlive close() (use after free).
+        raise TypeError("an arbiter.Policy cannot be copied: its tables never change, so share "
+                        "the object itself")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        self.__copy__()
 
     def __enter__(self) -> "Policy":
         return self
@@ -320,11 +359,11 @@ class Policy:
         multicast=True, message_bytes="64MiB"). Never allocates in the library;
         an impossible request (world size 0, nodes > world size) is a decision
         with reason "invalid_request", not an exception."""
-        c = _request(request, fields)._to_c()
+        c = _request(request, fields)._to_c(sized=True)
         out = _library.CDecision()
-        _library.check(
-            self._lib, self._lib.arbiter_decide_ex(self._live(), ctypes.byref(c), ctypes.byref(out))
-        )
+        with self._lock:
+            status = self._lib.arbiter_decide_ex(self._live(), ctypes.byref(c), ctypes.byref(out))
+        _library.check(self._lib, status)
         return decision_from_c(self._lib, out)
 
     def max_fused_bytes(self, request: Request | None = None, /, **fields: object) -> int | None:
@@ -335,12 +374,10 @@ class Policy:
         c = _request(request, fields)._to_c()
         cap = ctypes.c_uint64()
         has_cap = ctypes.c_int32()
-        _library.check(
-            self._lib,
-            self._lib.arbiter_max_fused_bytes_ex(
-                self._live(), ctypes.byref(c), ctypes.byref(cap), ctypes.byref(has_cap)
-            ),
-        )
+        with self._lock:
+            status = self._lib.arbiter_max_fused_bytes_ex(
+                self._live(), ctypes.byref(c), ctypes.byref(cap), ctypes.byref(has_cap))
+        _library.check(self._lib, status)
         return int(cap.value) if has_cap.value else None
 
     def explain(
@@ -350,27 +387,29 @@ class Policy:
         with the file:line and layer of every cell used), or with json=True
         one JSON object (json.loads it) with backend, algorithm, fused,
         reason, max_fused_bytes, cap, fingerprint, request and trace."""
-        c = _request(request, fields)._to_c()
-        handle = self._live()
+        c = _request(request, fields)._to_c(sized=True)
         size = 4096
         while True:
             buf = ctypes.create_string_buffer(size)
             needed = ctypes.c_size_t(0)
-            status = self._lib.arbiter_explain_ex(
-                handle, ctypes.byref(c), 1 if json else 0, buf, size, ctypes.byref(needed)
-            )
+            with self._lock:
+                status = self._lib.arbiter_explain_ex(
+                    self._live(), ctypes.byref(c), 1 if json else 0, buf, size,
+                    ctypes.byref(needed))
             if status == Status.INVALID_ARGUMENT and needed.value > size:
                 size = needed.value
                 continue
             _library.check(self._lib, status)
-            return buf.value.decode("utf-8")
+            # A site file's path need not be UTF-8 (the JSON form escapes it).
+            return buf.value.decode("utf-8", "replace")
 
     @property
     def fingerprint(self) -> int:
         """Hash of the effective tables (64 bits): equal on every rank, and in
         every consumer (C++, C, Python, the `arbiter` program), that loaded
         the same layers."""
-        return int(self._lib.arbiter_policy_fingerprint(self._live()))
+        with self._lock:
+            return int(self._lib.arbiter_policy_fingerprint(self._live()))
 
     @property
     def fingerprint_hex(self) -> str:

@@ -588,3 +588,23 @@ def test_a_communicator_for_patterns_no_backend_runs_is_created_and_refuses_thei
         assert e.value.status == arbiter.Status.UNSUPPORTED
         assert "no backend can run this residual_rmsnorm_fp4 (NVFP4) call" in e.value.message
         assert "shm: runs none of the patterns asked for" in e.value.message
+
+
+def test_communicator_flags_and_copies():
+    # nvlink_domain None (the default) is auto, as for Request: Policy.decide
+    # and the communicator answer alike (the default was True, "one NVLink
+    # domain", and None read as False).
+    import copy
+
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16") as comm:
+        assert comm._options.nvlink_domain == 0  # ARBITER_NVLINK_AUTO
+        with pytest.raises(TypeError, match="cannot be copied"):
+            copy.copy(comm)
+    for flag, value, code in (("nvlink_domain", True, 1), ("nvlink_domain", False, 2)):
+        with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16",
+                                  **{flag: value}) as comm:
+            assert comm._options.nvlink_domain == code
+    for flag, value in (("nvlink_domain", "no"), ("multicast", "False")):
+        with pytest.raises(arbiter.ArbiterError, match="is not"):
+            arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=64, dtype="bf16",
+                                 **{flag: value})

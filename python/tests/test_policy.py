@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -385,3 +386,92 @@ def test_the_library_comes_from_arbiter_library_when_set():
         pytest.skip("ARBITER_LIBRARY is not set")
     loaded = os.path.realpath(arbiter.library_path())
     assert loaded.startswith(os.path.realpath(explicit).rstrip("/"))
+
+
+def test_a_decision_needs_the_size_of_the_call(defaults):
+    # Without message_bytes, or tokens and hidden, the request was decided
+    # for 0 bytes: fused, whatever the real size (the CLI asks for the size).
+    for fields in ({}, {"hidden": 8192}, {"tokens": 100}):
+        for call in (defaults.decide, defaults.explain):
+            with pytest.raises(arbiter.ArbiterError, match="give the message size"):
+                call(capability=90, world_size=8, **fields)
+    assert defaults.decide(capability=90, world_size=8, tokens=1, hidden=8192).fused
+    # max_fused_bytes ignores the size, as documented.
+    assert defaults.max_fused_bytes(capability=90, world_size=8) == 512 * KiB
+
+
+def test_flags_and_capabilities_are_read_strictly(defaults):
+    site = dict(capability=103, world_size=8, message_bytes=1)
+    for bad in (dict(nvlink_domain="false"), dict(multicast="False"), dict(multicast=1)):
+        with pytest.raises(arbiter.ArbiterError, match="is not"):
+            defaults.decide(**dict(site, **bad))
+    # Only ASCII digits: the CLI refuses "١٠٣" too.
+    for text in ("١٠٣", "٩.٠"):
+        with pytest.raises(arbiter.ArbiterError, match="unknown capability"):
+            arbiter.parse_capability(text)
+    with pytest.raises(arbiter.ArbiterError, match="is not a number"):
+        arbiter.parse_size("١٠٢٤")
+    # torch.cuda.get_device_capability()'s tuple, as the Communicator takes it.
+    assert defaults.decide(capability=(10, 3), world_size=8, message_bytes=1) == \
+        defaults.decide(capability=103, world_size=8, message_bytes=1)
+    for bad in ((10,), (10, 30), ("10", "3"), (0, 9)):
+        with pytest.raises(arbiter.ArbiterError, match="a tuple must be"):
+            arbiter.parse_capability(bad)
+
+
+def test_paths_and_backends_are_passed_whole(tmp_path):
+    site = tmp_path / "cap.yaml"
+    site.write_text("format: 1\n")
+    # C would read the path up to the NUL: another file, silently.
+    with pytest.raises(arbiter.ArbiterError, match="NUL"):
+        arbiter.Policy.load([str(site) + "\0junk"])
+    with pytest.raises(arbiter.ArbiterError, match="NUL"):
+        arbiter.Policy.load(backends="shm\0,bogus")
+    # "" reads as ARBITER_BACKENDS="" does: unrestricted.
+    with arbiter.Policy.load(backends="") as p, arbiter.Policy.load() as q:
+        assert p.fingerprint == q.fingerprint
+    # A site file whose path is not UTF-8: the explanation says it, replaced.
+    odd = os.path.join(os.fsencode(tmp_path), b"\xff.yaml")
+    with open(odd, "w") as f:
+        f.write("format: 1\nfusion:\n  - {capability: 107, world_size: 8, max: 1KiB}\n")
+    with arbiter.Policy.load([odd]) as p:
+        assert "\ufffd.yaml" in p.explain(capability=107, world_size=8, message_bytes=1)
+
+
+def test_policies_and_communicators_are_not_copied():
+    # A copy shared the handle: closing the original left it dangling, and
+    # the copy's next call crashed the process.
+    import copy
+    import pickle
+
+    with arbiter.Policy.load() as p:
+        for make in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="cannot be copied"):
+                make(p)
+
+
+def test_closing_a_policy_while_threads_decide_is_safe():
+    # close() waited on nothing: a decision in another thread read freed
+    # tables (a segfault within 200 tries). In a child, so a crash is a
+    # failure rather than the end of the test run.
+    script = """
+import threading, arbiter
+for trial in range(60):
+    p = arbiter.Policy.load()
+    stop = False
+    def work():
+        while not stop:
+            try:
+                p.explain(capability=103, world_size=8, message_bytes=1, json=True)
+            except arbiter.ArbiterError as e:
+                assert "closed" in e.message, e.message
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads: t.start()
+    p.close()
+    stop = True
+    for t in threads: t.join()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

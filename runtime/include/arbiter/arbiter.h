@@ -21,7 +21,10 @@ extern "C" {
 typedef struct arbiter_policy arbiter_policy;
 typedef struct arbiter_comm arbiter_comm;
 
-/* Message of the last failure on this thread ("" when none). */
+/* Message of the last failure on this thread ("" before any). Read it only
+ * after a call that failed: a call that succeeds need not clear it (the hot
+ * path, arbiter_decide(_ex) and arbiter_max_fused_bytes(_ex), never does: a
+ * thread-local write would cost more than the decision). */
 const char* arbiter_last_error(void);
 
 /* The version of this library, e.g. "0.1.0" (the project version; the
@@ -111,7 +114,7 @@ int32_t arbiter_explain_ex(const arbiter_policy* policy, const arbiter_request_e
 typedef struct arbiter_comm_options {
   uint32_t capability;    /* of this rank's device; 0 for CPU ranks */
   uint32_t nodes;         /* 0 is read as 1 */
-  uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto) as the C++ and Python defaults */
+  uint32_t nvlink_domain; /* ARBITER_NVLINK_*; 0 (auto), Python's default too */
   uint32_t multicast;     /* bool */
   int32_t device;         /* CUDA ordinal (LOCAL_RANK); -1 for CPU ranks */
   uint32_t max_tokens;    /* the largest call; 0 (unknown): what the tables fuse */

@@ -79,6 +79,9 @@ namespace arbiter {
 struct CommunicatorOptions {
   Capability capability;  // this rank's device; every rank must agree
   std::uint32_t nodes = 1;
+  // NVLink among all ranks: the default, right for one node; across nodes
+  // only for a multi-node NVLink domain (an NVL72 rack). C and Python
+  // default to auto: NVLink on one node, none across nodes.
   bool nvlink_domain = true;
   bool multicast = false;
   int device = -1;  // CUDA ordinal (LOCAL_RANK, never RANK); -1 for CPU ranks
