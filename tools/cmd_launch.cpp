@@ -399,9 +399,33 @@ int Launcher::run() {
   action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   // Every signal whose default would end the launcher at once (and leave
   // the ranks to die by their parent-death signal, with no summary and
-  // nothing removed from /dev/shm) stops the job as SIGTERM does.
-  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
-                    SIGPROF, SIGXCPU, SIGXFSZ}) {
+  // nothing removed from /dev/shm) stops the job as SIGTERM does: all but
+  // the faults of the launcher's own code, the stop and continue signals
+  // and those ignored by default. SIGPIPE is ignored (a closed output).
+  for (int signo = 1; signo <= SIGRTMAX; ++signo) {
+    switch (signo) {
+      case SIGKILL:
+      case SIGSTOP:
+      case SIGTSTP:
+      case SIGTTIN:
+      case SIGTTOU:
+      case SIGCONT:
+      case SIGSEGV:
+      case SIGBUS:
+      case SIGFPE:
+      case SIGILL:
+      case SIGTRAP:
+      case SIGABRT:
+      case SIGSYS:
+      case SIGPIPE:
+      case SIGURG:
+      case SIGWINCH:
+        continue;
+      default:
+        break;
+    }
+    // glibc's own real-time signals (below SIGRTMIN) are not ours to take.
+    if (signo >= 32 && signo < SIGRTMIN) continue;
     ::sigaction(signo, &action, nullptr);
   }
   ::signal(SIGPIPE, SIG_IGN);
@@ -468,7 +492,11 @@ int Launcher::run() {
         const int signo = signals[i];
         if (signo == SIGCHLD) continue;  // reap() runs at the top of the loop
         if (stopping_) {
-          kill_all(SIGKILL);  // a second interrupt: no more grace
+          // A second interrupt from the user: no more grace. Others (SIGXCPU
+          // repeats every second) leave the grace period alone.
+          if (signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT) {
+            kill_all(SIGKILL);
+          }
         } else {
           begin_stop("interrupted by " + signal_text(signo), 128 + signo);
         }
