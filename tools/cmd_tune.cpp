@@ -21,7 +21,7 @@ using namespace arbiter::tuning;
 
 constexpr const char* kTuneUsage =
     "usage: arbiter tune RESULTS.csv... [-o overlay.yaml] [--margin PCT] [--config FILE]...\n"
-    "                    [--nvlink-domain] [--multicast]\n"
+    "                    [--preset NAME] [--nvlink-domain] [--multicast]\n"
     "\n"
     "Derives, per (capability, world size, nodes, pattern, dtype, residual, buffers)\n"
     "measured, the fusion cap\n"
@@ -35,7 +35,10 @@ constexpr const char* kTuneUsage =
     "is the smallest one-shot split x world size over the groups measured); prints them\n"
     "with the regret of the current tables and of the tuned ones (how much slower the option\n"
     "the tables choose is than the best measured one), and writes a site table holding\n"
-    "the new caps. Caps are always measured sizes. Groups measured with a replicated\n"
+    "the new caps. Caps are always measured sizes; where fused won at every size\n"
+    "measured and the current cap is no lower, no fusion cell is written (a note says\n"
+    "so): nothing measured argues for fusing less. GPU cells name their node count,\n"
+    "one node included. Groups measured with a replicated\n"
     "residual write cells keyed `residual: replicated` (on GPUs mnnvl's split is then\n"
     "not written: the threshold serves every call). Groups measured in\n"
     "registered memory (bench --registered) likewise write cells keyed `buffers:\n"
@@ -267,7 +270,16 @@ int cmd_tune(const Args& args) {
   int rc = kExitOk;
   if (!tuned.policy) {
     std::cerr << "arbiter tune: the overlay does not load over the current tables:\n";
-    for (const Diagnostic& d : tuned.diagnostics) std::cerr << "  " << d.to_string() << "\n";
+    bool conflict = false;
+    for (const Diagnostic& d : tuned.diagnostics) {
+      std::cerr << "  " << d.to_string() << "\n";
+      conflict = conflict || d.message.find("conflicts") != std::string::npos;
+    }
+    if (conflict) {
+      std::cerr << "  hint: the overlay replaces a site file tune wrote before: tune over the "
+                   "tables without it (leave it out of --config and ARBITER_CONFIG); or key the "
+                   "conflicting cell as the overlay's are (one-node GPU cells now say nodes: 1)\n";
+    }
     rc = kExitFailed;
   }
 

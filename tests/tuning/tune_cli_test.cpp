@@ -279,6 +279,8 @@ BOOST_AUTO_TEST_CASE(an_overlay_that_conflicts_with_the_given_tables_exits_1) {
   BOOST_TEST(r.exit_code == 1, r.output);
   BOOST_TEST(contains(r.output, "the overlay does not load over the current tables"), r.output);
   BOOST_TEST(contains(r.output, "conflicts with the equally specific cell"), r.output);
+  BOOST_TEST(contains(r.output, "hint: the overlay replaces a site file tune wrote before"),
+             r.output);
   BOOST_TEST(!contains(r.output, "with the overlay:"), r.output);
   BOOST_TEST(run_arbiter("validate " + shell_quote(out)).exit_code == 0);
 }
