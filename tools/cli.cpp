@@ -235,7 +235,9 @@ std::uint32_t read_pattern_set(const po::variables_map& vm) {
   std::size_t start = 0;
   while (true) {
     const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    while (!item.empty() && item.front() == ' ') item.erase(0, 1);  // "a, b" as ARBITER_BACKENDS
+    while (!item.empty() && item.back() == ' ') item.pop_back();
     Parsed<Pattern> pattern = parse_pattern(item);
     if (!pattern) throw UsageError{"--pattern: " + pattern.error + " (in '" + text + "')"};
     const std::uint32_t bit = 1u << static_cast<int>(*pattern.value);

@@ -41,9 +41,12 @@ int cmd_validate(const Args& args) {
   } else {
     // What every consumer of this environment loads: ARBITER_CONFIG's files
     // alone, then as the stack they make.
-    files = LoadOptions::from_environment().site_files;
-    if (files.empty()) {
-      throw UsageError{"give at least one table file (or set ARBITER_CONFIG to check its stack)"};
+    const LoadOptions environment = LoadOptions::from_environment();
+    files = environment.site_files;
+    if (files.empty() && !environment.backends_env) {
+      throw UsageError{
+          "give at least one table file (or set ARBITER_CONFIG or ARBITER_BACKENDS to check what "
+          "this environment loads)"};
     }
     layered = true;
   }
@@ -81,6 +84,7 @@ int cmd_validate(const Args& args) {
     std::string stack;
     for (const std::string& f : files) stack += (stack.empty() ? "" : ":") + f;
     if (backends_set) stack += " with ARBITER_BACKENDS=" + *environment.backends_env;
+    if (files.empty()) stack = "unset," + stack;  // the default tables alone
     LoadOptions options = from_environment ? environment : LoadOptions{};
     options.with_default = over_default;
     options.site_files = files;

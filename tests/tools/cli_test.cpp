@@ -288,6 +288,10 @@ BOOST_AUTO_TEST_CASE(validate_checks_the_stack_that_arbiter_config_makes) {
              r.output);
   r = run_command("env ARBITER_BACKENDS=shm,nccl ARBITER_CONFIG=" + a + bin);
   BOOST_TEST(r.exit_code == 0, r.output);
+  // ARBITER_BACKENDS alone is something to check too (it was a usage error).
+  r = run_command("env -u ARBITER_CONFIG ARBITER_BACKENDS=shm,foo" + bin);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "(ARBITER_CONFIG=unset, with ARBITER_BACKENDS=shm,foo)"), r.output);
   r = run_arbiter("validate");
   BOOST_TEST(r.exit_code == 2, r.output);
   BOOST_TEST(contains(r.output, "or set ARBITER_CONFIG"), r.output);
