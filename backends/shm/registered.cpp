@@ -45,20 +45,27 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
   const std::uint64_t ranks = oob.size > 0 ? static_cast<std::uint64_t>(oob.size) : 1;
   const std::uint64_t stride =
       (bytes + kRegisteredAlignment - 1) / kRegisteredAlignment * kRegisteredAlignment;
-  // Checked alike on every rank (same bytes), so all refuse together.
+  // A size no rank can take is refused on every rank together: this rank
+  // still takes part in the exchanges below, so that its peers learn of it
+  // at once instead of waiting out their deadline.
+  Status invalid;
   if (bytes == 0 || stride < bytes || stride > (std::uint64_t{1} << 40) / ranks) {
-    return {ARBITER_INVALID_ARGUMENT, "shm alloc: " + std::to_string(bytes) +
-                                          " bytes per rank; ask for 1 byte to 1 TiB / ranks"};
+    invalid = {ARBITER_INVALID_ARGUMENT,
+               std::to_string(bytes) + " bytes per rank; ask for 1 byte to 1 TiB / ranks"};
   }
   const std::uint64_t total = stride * ranks;
   void* base = nullptr;
   if (ranks == 1) {
+    if (!invalid.ok()) return {invalid.code(), "shm alloc: " + invalid.message()};
     base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return {ARBITER_UNAVAILABLE, errno_text("shm alloc: mmap")};
   } else {
     Announcement announcement{};
     std::string name;
-    if (oob.rank == 0) {
+    if (oob.rank == 0 && !invalid.ok()) {
+      announcement.status = invalid.code();
+      copy_text(announcement.message, "rank 0 asked for " + invalid.message());
+    } else if (oob.rank == 0) {
       const Status created = create_shm_object(
           "/arbiter-shm-reg-", total, " (free space in /dev/shm, or allocate less)", name, &base);
       announcement.status = created.code();
@@ -71,6 +78,9 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
       if (oob.rank == 0 && announcement.status == ARBITER_OK) shm_unlink(name.c_str());
       return oob_failed(oob, code, "broadcast of the name");
     }
+    if (announcement.status == ARBITER_INVALID_ARGUMENT) {
+      return {ARBITER_INVALID_ARGUMENT, "shm alloc: " + read_text(announcement.message)};
+    }
     if (announcement.status != ARBITER_OK) {
       return {static_cast<arbiter_status>(announcement.status),
               "shm alloc: rank 0 could not create " + std::to_string(total) +
@@ -79,7 +89,10 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
     name = read_text(announcement.name);
     Report report{};
     report.bytes = bytes;
-    if (oob.rank != 0) {
+    if (oob.rank != 0 && !invalid.ok()) {
+      report.status = invalid.code();
+      copy_text(report.message, invalid.message());
+    } else if (oob.rank != 0) {
       const Status mapped = map_shm_object(name, total, ARBITER_MISMATCH,
                                            "this rank expected " + std::to_string(total) +
                                                " (every rank must allocate the same size)",
@@ -95,7 +108,10 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
       failed = oob_failed(oob, code, "allgather of results");
     }
     for (std::uint64_t r = 0; r < ranks && failed.ok(); ++r) {
-      if (reports[r].status != ARBITER_OK) {
+      if (reports[r].status == ARBITER_INVALID_ARGUMENT) {
+        failed = {ARBITER_INVALID_ARGUMENT, "shm alloc: rank " + std::to_string(r) + " asked for " +
+                                                read_text(reports[r].message)};
+      } else if (reports[r].status != ARBITER_OK) {
         failed = {static_cast<arbiter_status>(reports[r].status),
                   "shm alloc: rank " + std::to_string(r) + " could not map " + name + ": " +
                       read_text(reports[r].message)};

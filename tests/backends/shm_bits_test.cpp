@@ -9,6 +9,8 @@
 #define BOOST_TEST_MODULE backends_shm_bits
 #include <boost/test/unit_test.hpp>
 
+#include <chrono>
+
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -588,6 +590,7 @@ BOOST_AUTO_TEST_CASE(registered_outputs_can_be_overwritten_as_soon_as_a_call_ret
 // pages mapped alike, and both ranks were given their allocation: a view as
 // large as one rank's then crossed the end of the other's.
 BOOST_AUTO_TEST_CASE(registered_allocations_of_different_sizes_are_refused_on_every_rank) {
+  // (make_spec's timeout is 20 s: a peer left waiting would show.)
   auto body = [](int rank, const arbiter_oob& oob) -> std::string {
     const arbiter_workspace_spec spec = make_spec(oob, ARBITER_DTYPE_BF16, 4096);
     arbiter_workspace* workspace = nullptr;
@@ -603,6 +606,24 @@ BOOST_AUTO_TEST_CASE(registered_allocations_of_different_sizes_are_refused_on_ev
     } else if (message.find("rank 1 asked for 5000 bytes, rank 0 for 4100 (every rank must "
                             "allocate the same size)") == std::string::npos) {
       problem = "different sizes: " + message;
+    }
+    // A size no rank can take, on one rank only: refused on every rank at
+    // once (its peers waited out their deadline), naming that rank.
+    for (int odd = 0; odd < 2 && problem.empty(); ++odd) {
+      const auto started = std::chrono::steady_clock::now();
+      const std::int32_t status = shm_memory().alloc(workspace, rank == odd ? 0 : 4096, &area);
+      const std::string why = shm().last_error();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (status != ARBITER_INVALID_ARGUMENT || area != nullptr ||
+          why.find("rank " + std::to_string(odd) + " asked for 0 bytes per rank") ==
+              std::string::npos) {
+        problem = "0 bytes on rank " + std::to_string(odd) + ": status " + std::to_string(status) +
+                  ": " + why;
+      } else if (seconds > 5) {
+        problem = "0 bytes on rank " + std::to_string(odd) + " took " + std::to_string(seconds) +
+                  " s: a peer waited";
+      }
     }
     // Nothing is held: the same size on every rank then works.
     if (problem.empty() && shm_memory().alloc(workspace, 4100, &area) != ARBITER_OK) {
