@@ -492,6 +492,26 @@ class Communicator:
                                f"empty(): this communicator runs on CUDA device {self.device}, "
                                f"whose registered memory is device memory, and empty() returns "
                                f"numpy (host) arrays; use arbiter.torch.empty(comm, shape)")
+        try:
+            shape, kind = self._empty_layout(np, shape, dtype)
+        except Exception as refused:
+            # Refused here, the allocation still takes place with 0 bytes,
+            # which every module refuses on every rank at once: the peers'
+            # empty() fails now rather than at its deadline.
+            try:
+                self._alloc("empty()", 0)
+            except ArbiterError:
+                pass
+            if isinstance(refused, ArbiterError):
+                raise
+            raise _invalid(f"empty(): dtype {dtype!r}: {refused}") from refused
+        nbytes = math.prod(shape) * kind.itemsize
+        owner = _Registered(self, self._alloc("empty()", nbytes), shape, kind.str)
+        return np.asarray(owner)
+
+    def _empty_layout(self, np, shape, dtype):
+        """empty()'s shape as a tuple of positive ints and its numpy dtype;
+        raises what is wrong with them."""
         parts = shape
         try:  # numpy integers too (operator.index); not bools or floats
             parts = tuple(shape) if hasattr(shape, "__iter__") else (shape,)
@@ -512,9 +532,7 @@ class Communicator:
         if kind.hasobject:
             raise _invalid(f"empty(): dtype {kind} holds pointers to Python objects, which "
                            f"mean nothing in the peers' processes; use a numeric dtype")
-        nbytes = math.prod(shape) * kind.itemsize
-        owner = _Registered(self, self._alloc("empty()", nbytes), shape, kind.str)
-        return np.asarray(owner)
+        return shape, kind
 
     def _alloc(self, what: str, nbytes: int) -> int:
         """arbiter_comm_alloc (collective): the address of this rank's part,

@@ -42,6 +42,7 @@ import torch
 from . import _torch_tensors
 from ._library import join_refused as _library_join
 from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
+from .errors import ArbiterError
 from .errors import invalid_argument as _invalid
 from .policy import Dtype, Pattern, parse_pattern
 
@@ -244,6 +245,27 @@ _TORCH_DTYPES = {Dtype.FP16: torch.float16, Dtype.BF16: torch.bfloat16,
 _DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def _empty_layout(comm, shape, dtype):
+    """empty()'s torch dtype and shape; raises ArbiterError naming what is wrong."""
+    if dtype is None:
+        kind = _TORCH_DTYPES[comm.dtype]
+    elif isinstance(dtype, str) and dtype in _DTYPE_NAMES:
+        kind = _DTYPE_NAMES[dtype]
+    elif isinstance(dtype, torch.dtype):
+        kind = dtype
+    else:
+        raise _invalid(f"arbiter.torch.empty(): dtype {dtype!r}: pass a torch.dtype, "
+                       f"'fp16', 'bf16', 'fp32' or None")
+    try:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    except TypeError:
+        shape = ()
+    if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in shape):
+        raise _invalid(f"arbiter.torch.empty(): shape {shape!r} is not a tuple of positive "
+                       "integers")
+    return kind, shape
+
+
 def empty(comm, shape, dtype=None):
     """Collective (every rank, same shape and dtype, same order): a new CPU
     tensor, uninitialised, in registered memory that every rank maps, as
@@ -258,19 +280,17 @@ def empty(comm, shape, dtype=None):
     the trtllm module maps into every rank (peers read it in place; calls
     the policy sends elsewhere copy as usual); ArbiterError(UNSUPPORTED)
     where no backend of the communicator registers memory."""
-    if dtype is None:
-        kind = _TORCH_DTYPES[comm.dtype]
-    elif isinstance(dtype, str) and dtype in _DTYPE_NAMES:
-        kind = _DTYPE_NAMES[dtype]
-    elif isinstance(dtype, torch.dtype):
-        kind = dtype
-    else:
-        raise _invalid(f"arbiter.torch.empty(): dtype {dtype!r}: pass a torch.dtype, "
-                       f"'fp16', 'bf16', 'fp32' or None")
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in shape):
-        raise _invalid(f"arbiter.torch.empty(): shape {shape!r} is not a tuple of positive "
-                       "integers")
+    try:
+        kind, shape = _empty_layout(comm, shape, dtype)
+    except ArbiterError:
+        # Refused here, the allocation still takes place with 0 bytes, which
+        # every module refuses on every rank at once: the peers' empty()
+        # fails now rather than at its deadline.
+        try:
+            comm._alloc("arbiter.torch.empty()", 0)
+        except ArbiterError:
+            pass
+        raise
     itemsize = torch.empty((), dtype=kind).element_size()
     count = 1
     for n in shape:

@@ -381,6 +381,24 @@ def scenario_registered(outdir: str) -> None:
         gc.collect()
         if comm._registered or other._registered or comm._pending_frees:
             fail(f"allocations left: {comm._registered}, {other._registered}")
+        # A shape refused on rank 1 alone: rank 0's empty() fails at once,
+        # naming rank 1 (it waited out its timeout), and both go on.
+        started = time.monotonic()
+        try:
+            comm.empty((0, HIDDEN) if comm.rank == 1 else (4, HIDDEN))
+            fail(f"rank {comm.rank}: empty() with a shape refused on rank 1 succeeded")
+        except arbiter.ArbiterError as e:
+            want = "is not a tuple of positive integers" if comm.rank == 1 else \
+                "rank 1 asked for 0 bytes"
+            if want not in e.message:
+                fail(f"rank {comm.rank}: empty() refused with {e!r}")
+        if time.monotonic() - started > 5:
+            fail(f"rank {comm.rank}: the refused empty() took {time.monotonic() - started:.1f} s")
+        y = comm.empty((4, HIDDEN))
+        y[:] = make(comm.rank, 4, (4, HIDDEN), "bf16")
+        comm.allreduce_fusion(y)
+        del y
+        gc.collect()
     print("registered: OK", flush=True)
 
 

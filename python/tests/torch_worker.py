@@ -240,6 +240,23 @@ def scenario_registered(outdir: str) -> None:
         gc.collect()
         if comm._registered or comm._pending_frees:
             fail(f"allocations left: {comm._registered}")
+        # A dtype refused on rank 1 alone: rank 0's empty() fails at once
+        # (it waited out its timeout), and both go on.
+        started = time.monotonic()
+        try:
+            arbiter_torch.empty(comm, (4, HIDDEN), "int4" if comm.rank == 1 else None)
+            fail(f"rank {comm.rank}: empty() with a dtype refused on rank 1 succeeded")
+        except arbiter.ArbiterError as e:
+            want = "pass a torch.dtype" if comm.rank == 1 else "rank 1 asked for 0 bytes"
+            if want not in e.message:
+                fail(f"rank {comm.rank}: empty() refused with {e!r}")
+        if time.monotonic() - started > 5:
+            fail(f"rank {comm.rank}: the refused empty() took {time.monotonic() - started:.1f} s")
+        y = arbiter_torch.empty(comm, (4, HIDDEN))
+        y.copy_(to_torch(make(comm.rank, 4, (4, HIDDEN), "bf16"), "bf16"))
+        comm.allreduce_fusion(y)
+        del y
+        gc.collect()
     print("registered: OK", flush=True)
 
 

@@ -663,9 +663,9 @@ void Communicator::Impl::create(const Registry& registry) {
   for (int i = 0; i < kBackendCount; ++i) {
     if ((usable >> i) & 1u) runnable |= patterns[i];
   }
-  const bool nothing_runs_asked =
-      fallback != Backend::kNone && ((pattern_dropped >> static_cast<int>(fallback)) & 1u) &&
-      (runnable & asked_patterns) == 0;
+  const bool nothing_runs_asked = fallback != Backend::kNone &&
+                                  ((pattern_dropped >> static_cast<int>(fallback)) & 1u) &&
+                                  (runnable & asked_patterns) == 0;
   if (!fallback_usable && !fallback_dropped_by_mode && !nothing_runs_asked) {
     destroy();
     // Why: its own reason (not allowed, unavailable, creation failed), else
@@ -1394,11 +1394,13 @@ Communicator::Result Communicator::alloc_registered(std::uint64_t bytes, void** 
   try {
     if (data != nullptr) *data = nullptr;
     if (impl_->refuse_if_faulted(result)) return result;
-    if (data == nullptr || bytes == 0) {
+    if (data == nullptr) {
       result.status = ARBITER_INVALID_ARGUMENT;
-      result.error = "alloc_registered: bytes must be > 0 and data not NULL";
+      result.error = "alloc_registered: data is NULL";
       return result;
     }
+    // 0 bytes goes to the module, which refuses it on every rank at once
+    // (refused here alone, the peers would wait out their deadline).
     // The same backend on every rank: candidates and workspaces agree.
     for (Backend b : impl_->candidates) {
       const Workspace& w = impl_->workspaces[static_cast<int>(b)];
