@@ -113,12 +113,16 @@ Route route_for(const Compiled& c, const Request& r) {
 
 // Routes for every (capability, world size) with fusion cells. A pair whose
 // cells are keyed by node counts gets one extra block of routes per counted
-// node number, reached through Route::nodes_begin/nodes_end; its base block
+// node number, listed by nodes_of_block[base block]; its base block
 // stands for every node count no cell names.
 void build_routes(Compiled& c) {
-  c.routes.clear();
-  c.nodes_routes.clear();
-  c.shape_of.assign(256 * static_cast<std::size_t>(c.fusion.stride), 0);
+  struct Pair {
+    Capability cap;
+    std::uint32_t shape;               // code * stride + world size
+    std::vector<std::uint32_t> keyed;  // node counts some cell names
+  };
+  std::vector<Pair> pairs;
+  std::size_t blocks = 0;
   for (int code = 0; code < 256; ++code) {
     const std::uint8_t slot = c.fusion.slot_of_capability[code];
     if (slot == 0xFF) continue;
@@ -127,40 +131,53 @@ void build_routes(Compiled& c) {
     for (std::uint32_t ws = 0; ws < c.fusion.stride; ++ws) {
       const Span& span = c.fusion.spans[slot * c.fusion.stride + ws];
       if (span.begin == span.end) continue;
-      std::vector<std::uint32_t> keyed;  // node counts some cell names
+      Pair p{cap, static_cast<std::uint32_t>(code) * c.fusion.stride + ws, {}};
       for (std::uint32_t i = span.begin; i < span.end; ++i) {
         const std::uint32_t n = c.fusion.cells[i].nodes;
-        if (n != 0 && std::find(keyed.begin(), keyed.end(), n) == keyed.end()) keyed.push_back(n);
-      }
-      // The base block's node counts: 1, and a multi-node count no cell names.
-      std::uint32_t other_multi = 2;
-      while (std::find(keyed.begin(), keyed.end(), other_multi) != keyed.end()) ++other_multi;
-      auto add_block = [&](std::optional<std::uint32_t> nodes) {
-        const std::size_t block = c.routes.size() / kSignatureCount;
-        c.routes.resize(c.routes.size() + kSignatureCount);
-        for (std::uint32_t sig = 0; sig < kSignatureCount; ++sig) {
-          if (((sig >> 2) & 3u) >= kDtypeCount) continue;
-          Request r = request_for(cap, ws, sig);
-          if (nodes) {
-            if ((*nodes > 1) != ((sig >> 6) & 1u)) continue;  // signature says otherwise
-            r.nodes = *nodes;
-          } else if (r.nodes > 1) {
-            r.nodes = other_multi;
-          }
-          c.routes[block * kSignatureCount + sig] = route_for(c, r);
+        if (n != 0 && std::find(p.keyed.begin(), p.keyed.end(), n) == p.keyed.end()) {
+          p.keyed.push_back(n);
         }
-        return static_cast<std::uint32_t>(block);
-      };
-      const std::uint32_t base = add_block(std::nullopt);
-      c.shape_of[code * c.fusion.stride + ws] = base + 1;
-      if (keyed.empty()) continue;
-      const auto begin = static_cast<std::uint32_t>(c.nodes_routes.size());
-      for (std::uint32_t n : keyed) c.nodes_routes.push_back({n, add_block(n)});
-      const auto end = static_cast<std::uint32_t>(c.nodes_routes.size());
-      for (std::uint32_t sig = 0; sig < kSignatureCount; ++sig) {
-        c.routes[base * kSignatureCount + sig].nodes_begin = begin;
-        c.routes[base * kSignatureCount + sig].nodes_end = end;
       }
+      blocks += 1 + p.keyed.size();
+      pairs.push_back(std::move(p));
+    }
+  }
+  // Sized once: growing by doubling held twice the routes at its peak, and
+  // large tables compile to hundreds of megabytes of routes.
+  c.routes.assign(blocks * kSignatureCount, Route{});
+  c.nodes_routes.clear();
+  c.nodes_of_block.assign(blocks, Span{});
+  c.shape_of.assign(256 * static_cast<std::size_t>(c.fusion.stride), 0);
+  std::uint32_t next_block = 0;
+  for (const Pair& p : pairs) {
+    const std::uint32_t ws = p.shape % c.fusion.stride;
+    // The base block's node counts: 1, and a multi-node count no cell names.
+    std::uint32_t other_multi = 2;
+    while (std::find(p.keyed.begin(), p.keyed.end(), other_multi) != p.keyed.end()) ++other_multi;
+    auto add_block = [&](std::optional<std::uint32_t> nodes) {
+      const std::uint32_t block = next_block++;
+      for (std::uint32_t sig = 0; sig < kSignatureCount; ++sig) {
+        if (((sig >> 2) & 3u) >= kDtypeCount) continue;
+        Request r = request_for(p.cap, ws, sig);
+        if (nodes) {
+          if ((*nodes > 1) != ((sig >> 6) & 1u)) continue;  // signature says otherwise
+          r.nodes = *nodes;
+        } else if (r.nodes > 1) {
+          r.nodes = other_multi;
+        }
+        c.routes[static_cast<std::size_t>(block) * kSignatureCount + sig] = route_for(c, r);
+      }
+      return block;
+    };
+    const std::uint32_t base = add_block(std::nullopt);
+    c.shape_of[p.shape] = base + 1;
+    if (p.keyed.empty()) continue;
+    const auto begin = static_cast<std::uint32_t>(c.nodes_routes.size());
+    for (std::uint32_t n : p.keyed) c.nodes_routes.push_back({n, add_block(n)});
+    const auto end = static_cast<std::uint32_t>(c.nodes_routes.size());
+    c.nodes_of_block[base] = Span{begin, end};
+    for (std::uint32_t sig = 0; sig < kSignatureCount; ++sig) {
+      c.routes[static_cast<std::size_t>(base) * kSignatureCount + sig].nodes_keyed = true;
     }
   }
 }

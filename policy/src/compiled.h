@@ -78,6 +78,9 @@ struct CompiledBackend {
   bool twoshot_needs_tokens_ge_world_size = false;
 };
 
+static_assert(sizeof(Route) == 48,
+              "a route is 48 bytes: tables compile to one per signature per block");
+
 struct Compiled {
   Tables tables;
   std::vector<Diagnostic> warnings;
@@ -93,6 +96,9 @@ struct Compiled {
   // [block * kSignatureCount + signature]
   std::vector<Route> routes;
   std::vector<NodesRoute> nodes_routes;
+  // [block] -> the node counts in nodes_routes with blocks of their own
+  // (empty but for base blocks of pairs whose cells name node counts).
+  std::vector<Span> nodes_of_block;
   // [capability code * fusion.stride + world size] -> block + 1 (0: no fusion
   // cell for that pair), so decide() reaches its route in two loads.
   std::vector<std::uint32_t> shape_of;

@@ -167,7 +167,8 @@ Decision Policy::decide_slow(const Request& r) const noexcept {
   // Cells keyed by node counts: this count may have a block of its own.
   const std::uint32_t sig = detail::signature(r);
   const detail::Route* route = &routes_[(block - 1) * detail::kSignatureCount + sig];
-  for (std::uint32_t i = route->nodes_begin; i < route->nodes_end; ++i) {
+  const detail::Span keyed = c.nodes_of_block[block - 1];
+  for (std::uint32_t i = keyed.begin; i < keyed.end; ++i) {
     if (c.nodes_routes[i].nodes == r.nodes) {
       route = &routes_[c.nodes_routes[i].block * detail::kSignatureCount + sig];
       break;

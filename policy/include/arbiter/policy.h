@@ -160,7 +160,7 @@ inline Decision Policy::decide(const Request& r) const noexcept {
   if (block == 0) return decide_slow(r);  // no fusion cell: the fallback
   const detail::Route& route =
       routes_[(block - 1) * detail::kSignatureCount + detail::signature(r)];
-  if (route.nodes_begin != route.nodes_end) [[unlikely]] {
+  if (route.nodes_keyed) [[unlikely]] {
     return decide_slow(r);
   }
   return detail::decide_from_route(route, r);

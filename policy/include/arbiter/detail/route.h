@@ -55,10 +55,10 @@ struct Route {
   std::array<Head, 3> head;         // [kUnfused | kFusedTwoshot | kFusedOneshot]
   std::uint16_t fusion_origin = kNoOrigin;
   bool twoshot_needs_tokens = false;
-  // Cells keyed by node counts: Compiled::nodes_routes[nodes_begin, nodes_end)
-  // lists the node counts with blocks of their own.
-  std::uint32_t nodes_begin = 0;
-  std::uint32_t nodes_end = 0;
+  // Cells keyed by node counts: Compiled::nodes_of_block says which node
+  // counts have blocks of their own (kept out of the route: 8 bytes less in
+  // every one of them).
+  bool nodes_keyed = false;
 };
 
 // A node count named by some cell, and the block of routes for it.
