@@ -155,30 +155,29 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
   }
 
   Overlay overlay;
-  std::map<Scope, const OverlayCell*> fusion_cell;
   overlay.fusion.reserve(fusion_by_scope.size());
-  // The cell written for `scope` without its buffers key, else without its
-  // residual key too (the order a call's cells widen in).
-  auto wider_written = [&](Scope wider) -> const OverlayCell* {
+  // The fusion cell written for the scope (when `own`), else for it without
+  // its buffers key, else without its residual key too: the order a call's
+  // cells widen in. (Never a registered cell without the residual: that one
+  // is keyed `residual: distinct`, so it does not cover a replicated scope.)
+  // Filled as cells are written; overlay.fusion is reserved, so its
+  // addresses hold.
+  std::map<Scope, const OverlayCell*> fusion_cell;
+  auto covering = [&](Scope scope, bool own) -> const OverlayCell* {
     auto written = [&](const Scope& s) -> const OverlayCell* {
-      for (const OverlayCell& c : overlay.fusion) {
-        const Scope of{c.capability,
-                       c.world_size,
-                       c.nodes == 0 ? 1 : c.nodes,
-                       c.pattern,
-                       c.residual == Residual::kReplicated,
-                       c.buffers.has_value()};
-        if (of == s) return &c;
-      }
-      return nullptr;
+      const auto f = fusion_cell.find(s);
+      return f == fusion_cell.end() ? nullptr : f->second;
     };
-    if (wider.registered) {
-      wider.registered = false;
-      if (const OverlayCell* c = written(wider)) return c;
+    if (own) {
+      if (const OverlayCell* c = written(scope)) return c;
     }
-    if (wider.replicated) {
-      wider.replicated = false;
-      if (const OverlayCell* c = written(wider)) return c;
+    if (scope.registered) {
+      scope.registered = false;
+      if (const OverlayCell* c = written(scope)) return c;
+    }
+    if (scope.replicated) {
+      scope.replicated = false;
+      if (const OverlayCell* c = written(scope)) return c;
     }
     return nullptr;
   };
@@ -195,7 +194,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": no fusion cell (" + why + ")");
       continue;
     }
-    if (options.current_cap && !wider_written(scope)) {
+    if (options.current_cap && !covering(scope, false)) {
       // Every dtype's fused won up to the largest size measured: a cell
       // could only lower a current cap that is no lower. (Under a cell this
       // overlay writes for the scope without its residual or buffers key,
@@ -234,10 +233,7 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
                               "caps; the smaller is written");
     }
     overlay.fusion.push_back(std::move(cell));
-  }
-  for (const OverlayCell& c : overlay.fusion) {
-    fusion_cell[Scope{c.capability, c.world_size, c.nodes == 0 ? 1 : c.nodes, c.pattern,
-                      c.residual == Residual::kReplicated, c.buffers.has_value()}] = &c;
+    fusion_cell[scope] = &overlay.fusion.back();
   }
 
   // A one-shot cell for `scope` from the caps of its dtypes; `what` names
@@ -271,26 +267,14 @@ Overlay make_overlay(const std::vector<Group>& groups, const std::vector<Results
       overlay.notes.push_back(scope.to_string() + ": the dtypes measured give different " + what +
                               "s; the smaller is written");
     }
-    // The fusion cell that covers its calls: its own, else the one written
-    // without its buffers key, else without its residual key too. (Never a
-    // registered cell without the residual: that one is keyed `residual:
-    // distinct`, so it does not cover a replicated scope.)
-    auto f = fusion_cell.find(scope);
-    Scope wider = scope;
-    if (f == fusion_cell.end() && wider.registered) {
-      wider.registered = false;
-      f = fusion_cell.find(wider);
-    }
-    if (f == fusion_cell.end() && wider.replicated) {
-      wider.replicated = false;
-      f = fusion_cell.find(wider);
-    }
-    if (f != fusion_cell.end() && !f->second->off && f->second->bytes < cell.bytes) {
-      cell.comment += "\nlowered to the fusion cap " + format_size(f->second->bytes) +
-                      ": above it nothing is fused";
+    // Above the fusion cell that covers its calls nothing is fused.
+    const OverlayCell* f = covering(scope, true);
+    if (f && !f->off && f->bytes < cell.bytes) {
+      cell.comment +=
+          "\nlowered to the fusion cap " + format_size(f->bytes) + ": above it nothing is fused";
       overlay.notes.push_back(scope.to_string() + ": " + what + " " + format_size(cell.bytes) +
-                              " lowered to the fusion cap " + format_size(f->second->bytes));
-      cell.bytes = f->second->bytes;
+                              " lowered to the fusion cap " + format_size(f->bytes));
+      cell.bytes = f->bytes;
     }
     overlay.oneshot.push_back(std::move(cell));
   };
