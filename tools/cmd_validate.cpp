@@ -35,13 +35,15 @@ int cmd_validate(const Args& args) {
   const bool over_default = !vm["standalone"].as<bool>();
   bool layered = vm["layered"].as<bool>();
   const bool from_environment = !vm.count("file");
+  // Read once: the files checked alone and the stack are the same ones.
+  const LoadOptions environment =
+      from_environment ? LoadOptions::from_environment() : LoadOptions{};
   std::vector<std::string> files;
   if (!from_environment) {
     files = vm["file"].as<std::vector<std::string>>();
   } else {
     // What every consumer of this environment loads: ARBITER_CONFIG's files
     // alone, then as the stack they make.
-    const LoadOptions environment = LoadOptions::from_environment();
     files = environment.site_files;
     if (files.empty() && !environment.backends_env) {
       throw UsageError{
@@ -78,14 +80,13 @@ int cmd_validate(const Args& args) {
   if (unreadable > 0) return kExitUsage;
   // From the environment, ARBITER_BACKENDS counts too, as for every
   // consumer: a name it gets wrong fails every load, even over one file.
-  const LoadOptions environment = LoadOptions::from_environment();
   const bool backends_set = from_environment && environment.backends_env.has_value();
   if (layered && invalid == 0 && (files.size() > 1 || backends_set)) {
     std::string stack;
     for (const std::string& f : files) stack += (stack.empty() ? "" : ":") + f;
     if (backends_set) stack += " with ARBITER_BACKENDS=" + *environment.backends_env;
     if (files.empty()) stack = "unset," + stack;  // the default tables alone
-    LoadOptions options = from_environment ? environment : LoadOptions{};
+    LoadOptions options = environment;
     options.with_default = over_default;
     options.site_files = files;
     const LoadResult r = Policy::load(options);
