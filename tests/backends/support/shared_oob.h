@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "arbiter/common/deadline.h"
 #include "arbiter_backend.h"
 
 namespace arbiter::test {
@@ -79,10 +80,8 @@ class SharedOob {
       generation.store(mine + 1, std::memory_order_release);
       return ARBITER_OK;
     }
-    // Capped at 30 days, as the library caps its own waits (deadline.h).
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<std::int64_t>(
-                                               timeout_ms, std::int64_t{30} * 24 * 3600 * 1000));
+    // Capped as the library caps its own waits.
+    const auto deadline = arbiter::common::deadline_after(timeout_ms);
     for (int polls = 0; generation.load(std::memory_order_acquire) == mine; ++polls) {
       if (std::chrono::steady_clock::now() >= deadline) {
         error_ = "test oob: timed out after " + std::to_string(timeout_ms) + " ms with " +

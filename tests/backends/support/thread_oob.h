@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "arbiter/common/deadline.h"
 #include "arbiter_backend.h"
 
 namespace arbiter::test {
@@ -62,10 +63,7 @@ class ThreadGroup {
       ++generation_;
       cv_.notify_all();
     } else {
-      const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::milliseconds(std::min<std::int64_t>(
-                                timeout_ms > 0 ? timeout_ms : 0,
-                                std::int64_t{30} * 24 * 3600 * 1000));  // as deadline.h
+      const auto deadline = arbiter::common::deadline_after(timeout_ms);
       const bool done =
           timeout_ms <= 0
               ? (cv_.wait(lock, [&] { return generation_ != generation; }), true)
