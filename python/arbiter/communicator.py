@@ -65,6 +65,17 @@ def _pattern_mask(patterns: object) -> int:
     return mask
 
 
+def check_registered_bytes(what: str, shape: tuple, kind: object, nbytes: int) -> None:
+    """Refuses a byte count that size_t cannot hold: passed on, it would
+    wrap around to another size (0, or a few bytes) and be allocated."""
+    if nbytes > _SIZE_MAX:
+        raise _invalid(f"{what}: shape {shape!r} of {kind} is {nbytes} bytes, more than "
+                       f"any allocation can hold (2**64 - 1); ask for fewer elements")
+
+
+_SIZE_MAX = (1 << 64) - 1
+
+
 class _Registered:
     """One arbiter_comm_alloc allocation, the base of the arrays empty()
     returns: numpy keeps it alive while any view of its memory lives, and
@@ -532,6 +543,7 @@ class Communicator:
         if kind.hasobject:
             raise _invalid(f"empty(): dtype {kind} holds pointers to Python objects, which "
                            f"mean nothing in the peers' processes; use a numeric dtype")
+        check_registered_bytes("empty()", shape, kind, math.prod(shape) * kind.itemsize)
         return shape, kind
 
     def _alloc(self, what: str, nbytes: int) -> int:

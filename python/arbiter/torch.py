@@ -34,6 +34,7 @@ over registered memory, which the fast path and the op read in place
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import weakref
 
@@ -42,6 +43,7 @@ import torch
 from . import _torch_tensors
 from ._library import join_refused as _library_join
 from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
+from .communicator import check_registered_bytes
 from .errors import ArbiterError
 from .errors import invalid_argument as _invalid
 from .policy import Dtype, Pattern, parse_pattern
@@ -263,6 +265,8 @@ def _empty_layout(comm, shape, dtype):
     if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in shape):
         raise _invalid(f"arbiter.torch.empty(): shape {shape!r} is not a tuple of positive "
                        "integers")
+    check_registered_bytes("arbiter.torch.empty()", shape, kind,
+                           math.prod(shape) * torch.empty((), dtype=kind).element_size())
     return kind, shape
 
 

@@ -504,6 +504,13 @@ def test_empty_takes_numpy_integers_and_refuses_what_peers_cannot_read():
             comm.empty(True)
         with pytest.raises(arbiter.ArbiterError, match="is not a tuple of positive integers"):
             comm.empty(np.array(4))  # 0-d: has __iter__, cannot iterate
+        # Byte counts size_t cannot hold wrapped around to 0 bytes (refused
+        # as "0 bytes", a size nobody asked for) or to 16 bytes (allocated on
+        # every rank, then numpy's own error).
+        for shape in ((2**32, 2**32), (2**62 + 4,)):
+            with pytest.raises(arbiter.ArbiterError, match=r"more than any allocation can hold"):
+                comm.empty(shape)
+        assert comm._registered == 2
         del a, b
 
 

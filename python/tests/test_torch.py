@@ -418,6 +418,19 @@ def test_numpy_empty_refuses_a_cuda_communicator_naming_torch_empty():
     assert "CUDA device 1" in e.value.message and "arbiter.torch.empty" in e.value.message
 
 
+def test_torch_empty_refuses_byte_counts_size_t_cannot_hold(comm):
+    """They wrapped around to 0 bytes ("0 bytes per rank", a size nobody
+    asked for) or to a few bytes, which were allocated and then failed in
+    numpy; on a CUDA communicator the few bytes became the tensor's storage."""
+    from arbiter import torch as arbiter_torch
+
+    for shape, dtype in (((2**32, 2**32), torch.float32), ((2**62 + 4,), torch.float32),
+                         ((2**63,), torch.bfloat16)):
+        with pytest.raises(arbiter.ArbiterError, match="more than any allocation can hold"):
+            arbiter_torch.empty(comm, shape, dtype)
+    assert comm._registered == 0
+
+
 def test_gloos_thread_never_frees_the_tensors_of_from_process_groups_exchange(monkeypatch):
     """gloo's worker thread lets go of an all_gather's tensors after wait()
     returns. Were its drop the one that frees a tensor's Python object, it would
