@@ -102,7 +102,12 @@ int cmd_footprint(const Args& args) {
                      " is above 2147483647, the most ranks the C ABI carries"};
   }
   std::optional<std::uint64_t> budget;
-  if (vm.count("budget")) budget = size_flag("budget", vm["budget"].as<std::string>());
+  if (vm.count("budget")) {
+    // An amount of memory, not a message: above 1 TiB is no typo here.
+    const Parsed<std::uint64_t> b = parse_amount(vm["budget"].as<std::string>());
+    if (!b) throw UsageError{"--budget: " + b.error};
+    budget = *b.value;
+  }
   std::optional<Policy> policy = load_policy(vm);
   if (!policy) return kExitFailed;
 
@@ -246,10 +251,23 @@ int cmd_footprint(const Args& args) {
       parts += (parts.empty() ? "" : ", ") + std::string(backend_name(s.planned.backend)) + " " +
                format_size(s.total());
     }
+    // Only the knobs that shrink this figure: --max-tokens sizes the
+    // fallback alone, and the fused cap matters only where a call fuses.
+    CommunicatorOptions one_token = options;
+    one_token.max_tokens = 1;
+    std::uint64_t total_at_one_token = 0;
+    for (const PlannedWorkspace& w :
+         plan_workspaces(*policy, one_token, request.world_size).workspaces) {
+      if (!w.allowed) continue;
+      const Sized s = size_one(registry, w);
+      if (s.known) total_at_one_token += s.total();
+    }
+    std::string fix;
+    if (plan.fused_cap > 0) fix += "lower the tables' fused cap, or ";
+    if (total_at_one_token < total) fix += "give a smaller --max-tokens, or ";
     std::cerr << "arbiter footprint: error: the workspaces take " << format_size(total)
               << " per rank (" << parts << "), " << format_size(total - *budget)
-              << " over --budget " << format_size(*budget)
-              << " (lower the tables' fused cap or --max-tokens, or raise the budget)\n";
+              << " over --budget " << format_size(*budget) << " (" << fix << "raise the budget)\n";
     return kExitFailed;
   }
   return kExitOk;

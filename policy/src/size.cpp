@@ -12,8 +12,9 @@ struct Unit {
   std::uint64_t bytes;
 };
 constexpr Unit kUnits[] = {{"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}, {"B", 1}};
-static_assert(std::has_single_bit(kTiB) && std::has_single_bit(kKiB) && kTiB == kMaxSizeBytes,
-              "scaled() takes units that are powers of two");
+static_assert(std::has_single_bit(kTiB) && std::has_single_bit(kKiB) && kTiB == kMaxSizeBytes &&
+                  std::has_single_bit(kMaxAmountBytes),
+              "scaled() takes units and limits that are powers of two");
 
 // mantissa / 10^frac_digits * unit in bytes, exactly and without overflow:
 // a 30-digit mantissa times 1 TiB does not fit in 128 bits, and wrapping
@@ -24,14 +25,15 @@ struct Scaled {
   enum Kind { kWhole, kFraction, kTooLarge } kind;
   std::uint64_t bytes;
 };
-Scaled scaled(unsigned __int128 mantissa, int frac_digits, std::uint64_t unit) {
+Scaled scaled(unsigned __int128 mantissa, int frac_digits, std::uint64_t unit,
+              std::uint64_t limit = kMaxSizeBytes) {
   unsigned __int128 tens = 1, fives = 1;
   for (int k = 0; k < frac_digits; ++k) {
     tens *= 10;  // 10^30 < 2^100
     fives *= 5;
   }
   const unsigned __int128 whole = mantissa / tens, rest = mantissa % tens;
-  const std::uint64_t most = kMaxSizeBytes / unit;  // exact: both powers of two
+  const std::uint64_t most = limit / unit;  // exact: both powers of two
   if (whole > most || (whole == most && rest != 0)) return {Scaled::kTooLarge, 0};
   if (rest % fives != 0) return {Scaled::kFraction, 0};
   unsigned __int128 part = rest / fives;  // < 2^frac_digits
@@ -78,9 +80,26 @@ std::string bare_fraction_error(std::string_view s, unsigned __int128 mantissa, 
          fix + " (or give the unit you meant: B, KiB, MiB, GiB, TiB)";
 }
 
+// parse_size() with another limit: `limit` bytes at most (a power of two),
+// named by `too_large` when exceeded.
+Parsed<std::uint64_t> parse_bytes(std::string_view text, bool plain_is_mib, std::uint64_t limit,
+                                  std::string_view too_large);
+
 }  // namespace
 
 Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
+  return parse_bytes(text, plain_is_mib, kMaxSizeBytes,
+                     "is above 1 TiB, which is not a plausible message size");
+}
+
+Parsed<std::uint64_t> parse_amount(std::string_view text) {
+  return parse_bytes(text, /*plain_is_mib=*/false, kMaxAmountBytes, "is above 8388608 TiB");
+}
+
+namespace {
+
+Parsed<std::uint64_t> parse_bytes(std::string_view text, bool plain_is_mib, std::uint64_t limit,
+                                  std::string_view too_large) {
   const std::string quoted = "'" + std::string(text) + "'";
   auto fail = [&](std::string why) { return Parsed<std::uint64_t>{std::nullopt, std::move(why)}; };
   std::string_view s = trim(text);
@@ -153,18 +172,20 @@ Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib) {
       return fail(why);
     }
   }
-  const Scaled bytes = scaled(mantissa, frac_digits, unit);
+  const Scaled bytes = scaled(mantissa, frac_digits, unit, limit);
   if (bytes.kind == Scaled::kFraction) {
     return fail("size " + quoted + " is not a whole number of bytes");
   }
   if (bytes.kind == Scaled::kTooLarge) {
-    return fail("size " + quoted + " is above 1 TiB, which is not a plausible message size");
+    return fail("size " + quoted + " " + std::string(too_large));
   }
   if (bytes.bytes == 0) {
     return fail("size " + quoted + " is zero");
   }
   return {bytes.bytes, {}};
 }
+
+}  // namespace
 
 Parsed<std::uint64_t> parse_size_string(std::string_view text) {
   Parsed<std::uint64_t> r = parse_size(text, /*plain_is_mib=*/true);

@@ -702,6 +702,39 @@ BOOST_AUTO_TEST_CASE(footprint_reports_each_backend_per_rank_and_checks_a_budget
   BOOST_TEST(contains(r.output, "\"within_budget\":false"), r.output);
 }
 
+// A budget is an amount of memory, not a message: above 1 TiB it was
+// refused as "not a plausible message size", though footprint prints
+// totals that large.
+BOOST_AUTO_TEST_CASE(footprint_takes_budgets_above_a_tib) {
+  const std::string cpu = "footprint --capability cpu --world-size 2 --hidden 7168 ";
+  CommandResult r = run_arbiter(cpu + "--budget 2TiB --json");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "\"budget_bytes\":2199023255552"), r.output);
+  BOOST_TEST(contains(r.output, "\"within_budget\":true"), r.output);
+  r = run_arbiter(cpu + "--budget 8388608TiB");
+  BOOST_TEST(r.exit_code == 0, r.output);
+  r = run_arbiter(cpu + "--budget 8388609TiB");
+  BOOST_TEST(r.exit_code == 2, r.output);
+  BOOST_TEST(contains(r.output, "--budget: size '8388609TiB' is above 8388608 TiB"), r.output);
+  BOOST_TEST(!contains(r.output, "message size"), r.output);
+}
+
+// The over-budget hint names only what shrinks the figure: --max-tokens
+// sizes the fallback alone, so where the fused cap sizes the workspace it
+// does nothing; where nothing is fused, the cap does nothing.
+BOOST_AUTO_TEST_CASE(footprint_over_budget_names_only_the_knobs_that_shrink_it) {
+  // 2 ranks: shm fuses up to 64 MiB, and that sizes its workspace.
+  CommandResult r = run_arbiter(
+      "footprint --capability cpu --world-size 2 --hidden 7168 --max-tokens 1 --budget 4MiB");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "(lower the tables' fused cap, or raise the budget)"), r.output);
+  // 3 ranks: no fusion cell, the fallback sized by --max-tokens.
+  r = run_arbiter(
+      "footprint --capability cpu --world-size 3 --hidden 7168 --max-tokens 64 --budget 4KiB");
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "(give a smaller --max-tokens, or raise the budget)"), r.output);
+}
+
 // A communicator with default options serves every pattern and sizes its
 // workspaces for the largest cap among them; footprint sized for
 // residual_rmsnorm alone unless told, so a pattern-keyed cell (every cell

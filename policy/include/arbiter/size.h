@@ -28,6 +28,12 @@ inline constexpr std::uint64_t kMaxSizeBytes = kTiB;
 // 524288"), so a value pasted from a table can never mean half a byte.
 Parsed<std::uint64_t> parse_size(std::string_view text, bool plain_is_mib);
 
+// An amount of memory rather than a message (a workspace budget): the same
+// grammar as parse_size() with a bare number in bytes, up to
+// kMaxAmountBytes (2^63, 8388608 TiB) instead of 1 TiB.
+inline constexpr std::uint64_t kMaxAmountBytes = std::uint64_t{1} << 63;
+Parsed<std::uint64_t> parse_amount(std::string_view text);
+
 // A size written as a quoted YAML string ("64 MiB", '512KiB'): a string
 // carries its unit (FORMAT.md). A quoted plain number ("64", "0.5") is
 // rejected: whoever quoted it may have meant bytes, and "524288" read as
