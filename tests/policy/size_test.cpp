@@ -107,6 +107,23 @@ BOOST_AUTO_TEST_CASE(long_sizes_are_computed_exactly_not_wrapped) {
              std::string::npos);
 }
 
+// An amount of memory (a workspace budget) takes the same grammar up to
+// 2^63 bytes, exactly, and never wraps.
+BOOST_AUTO_TEST_CASE(amounts_reach_past_a_tib_exactly) {
+  BOOST_TEST(parse_amount("2TiB").value.value_or(0) == 2 * kTiB);
+  BOOST_TEST(parse_amount("8388608TiB").value.value_or(0) == kMaxAmountBytes);
+  BOOST_TEST(parse_amount("9223372036854775808").value.value_or(0) == kMaxAmountBytes);
+  for (const char* text :
+       {"8388608.5TiB", "9223372036854775809", "8388609TiB", "999999999999999999999999999999TiB"}) {
+    const Parsed<std::uint64_t> r = parse_amount(text);
+    BOOST_TEST(!r.value.has_value(), text << " parsed as " << r.value.value_or(0));
+    BOOST_TEST(r.error.find("above 8388608 TiB") != std::string::npos, r.error);
+  }
+  // A bare number is bytes, as everywhere on the command line.
+  BOOST_TEST(parse_amount("0.5").error.find("or 524288") != std::string::npos);
+  BOOST_TEST(parse_amount("0").error.find("zero") != std::string::npos);
+}
+
 // Units above TiB are not units here; only "1e6"-like text is an exponent.
 BOOST_AUTO_TEST_CASE(large_units_are_not_called_exponents) {
   for (const char* text : {"20EiB", "1EB", "2PiB"}) {
