@@ -154,6 +154,9 @@ LoadOptions LoadOptions::from_environment() {
       if (colon == std::string_view::npos) break;
       rest.remove_prefix(colon + 1);
     }
+    // `preset:` last, with no name: kept, so the load names it and lists
+    // the presets (dropped, the job ran on the default tables silently).
+    if (preset) o.site_files.emplace_back(kPresetPrefix);
   }
   if (const char* backends = std::getenv("ARBITER_BACKENDS"); backends && *backends) {
     o.backends_env = backends;

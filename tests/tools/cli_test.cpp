@@ -529,6 +529,14 @@ BOOST_AUTO_TEST_CASE(presets_layer_by_name_and_diff_against_the_default) {
   r = run_command("env ARBITER_CONFIG=preset:vllm-main-2026-08-13 " + std::string(ARBITER_BIN) +
                   " decide --capability 103 --world-size 8 --bytes 3MiB");
   BOOST_TEST(contains(r.output, "trtllm twoshot fused"), r.output);
+  // `preset:` with no name, last in the list, was dropped: the default
+  // tables ran, silently.
+  for (const char* config : {"preset:", "cli_test_no_such_file.yaml:preset:"}) {
+    r = run_command(std::string("env ARBITER_CONFIG=") + config + " " + ARBITER_BIN +
+                    " decide --capability 103 --world-size 8 --bytes 3MiB");
+    BOOST_TEST(r.exit_code == 1, config << ": " << r.output);
+    BOOST_TEST(contains(r.output, "no preset named ''"), config << ": " << r.output);
+  }
   const std::string site = "cli_test_preset_site.yaml";
   std::ofstream(site) << "format: 1\nfusion:\n  - {capability: 103, world_size: 8, max: 1}\n";
   r = run_arbiter(
