@@ -291,6 +291,17 @@ def _candidates() -> list[str]:
     return found
 
 
+def _open(path: str) -> ctypes.CDLL:
+    """The library at `path`, declared; OSError when it is not one, or not
+    arbiter's runtime (a symbol missing: another library, or a stale one)."""
+    lib = ctypes.CDLL(path)
+    try:
+        return _declare(lib)
+    except AttributeError as e:
+        raise OSError(f"not {LIBRARY_NAME}, or one older than this package ({e}); "
+                      f"give the path of {LIBRARY_NAME} or of its folder") from e
+
+
 def _load() -> tuple[ctypes.CDLL, str]:
     explicit = os.environ.get("ARBITER_LIBRARY", "")
     if explicit:
@@ -300,19 +311,19 @@ def _load() -> tuple[ctypes.CDLL, str]:
                 Status.UNAVAILABLE, f"ARBITER_LIBRARY={explicit}: no {LIBRARY_NAME} in that folder"
             )
         try:
-            return _declare(ctypes.CDLL(paths[0])), paths[0]
+            return _open(paths[0]), paths[0]
         except OSError as e:
             raise ArbiterError(Status.UNAVAILABLE, f"ARBITER_LIBRARY={explicit}: {e}") from e
     tried = []
     for path in _candidates():
         try:
-            return _declare(ctypes.CDLL(path)), path
+            return _open(path), path
         except OSError as e:
             tried.append(f"{path}: {e}")
     name = ctypes.util.find_library("arbiter_runtime")
     if name:
         try:
-            return _declare(ctypes.CDLL(name)), name
+            return _open(name), name
         except OSError as e:
             tried.append(f"{name}: {e}")
     detail = "; ".join(tried) if tried else "not next to the package, nor installed"

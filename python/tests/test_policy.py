@@ -388,6 +388,27 @@ def test_the_library_comes_from_arbiter_library_when_set():
     assert loaded.startswith(os.path.realpath(explicit).rstrip("/"))
 
 
+def test_arbiter_library_naming_another_library_is_an_arbiter_error():
+    # A library that loads but is not arbiter's runtime (libm here; in the
+    # field the policy library or a module beside it) raised a bare
+    # AttributeError naming a symbol, not the variable or the fix.
+    import subprocess
+    import sys
+
+    probe = ("import arbiter\n"
+             "try:\n"
+             "    arbiter.library_path()\n"
+             "except arbiter.ArbiterError as e:\n"
+             "    print('ArbiterError', e.message)\n")
+    env = dict(os.environ, ARBITER_LIBRARY="libm.so.6")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ArbiterError ARBITER_LIBRARY=libm.so.6: not "
+                                 "libarbiter_runtime.so"), out.stdout
+    assert "give the path of libarbiter_runtime.so or of its folder" in out.stdout
+
+
 def test_a_decision_needs_the_size_of_the_call(defaults):
     # Without message_bytes, or tokens and hidden, the request was decided
     # for 0 bytes: fused, whatever the real size (the CLI asks for the size).
