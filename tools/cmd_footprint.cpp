@@ -138,6 +138,11 @@ int cmd_footprint(const Args& args) {
   DiscoverOptions discover = DiscoverOptions::from_environment();
   if (request.capability.is_cpu()) discover.probe = {ARBITER_DEVICE_CPU, -1};
   const Registry registry = Registry::discover(discover);
+  if (!registry.search_errors().empty()) {
+    // The figures would be another module's, as a communicator refuses.
+    std::cerr << "arbiter footprint: error: " << registry.search_error_message() << "\n";
+    return kExitFailed;
+  }
   std::vector<Sized> sized;
   for (const PlannedWorkspace& w : plan.workspaces) {
     if (w.allowed) sized.push_back(size_one(registry, w));

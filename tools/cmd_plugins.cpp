@@ -1,7 +1,6 @@
 // arbiter plugins: every backend module found, its ABI version, and whether
 // it is available here or why not; then the backends this build does not
 // carry, and why.
-#include <filesystem>
 #include <iostream>
 #include <vector>
 
@@ -10,6 +9,22 @@
 #include "cli.h"
 
 namespace arbiter::cli {
+namespace {
+
+// A search path entry that cannot be searched (a typo, a folder this user
+// cannot read) fails every communicator: said on stderr, exit 1.
+int search_path_errors(const Registry& registry) {
+  for (const SearchPathError& e : registry.search_errors()) {
+    std::cerr << "arbiter plugins: error: ARBITER_PLUGIN_PATH entry '" << e.place
+              << "': " << e.reason << "\n";
+  }
+  if (registry.search_errors().empty()) return kExitOk;
+  std::cerr << "(fix the entry or remove it: communicators refuse to be created while it "
+               "stands, since the modules it was meant to supply would be missing)\n";
+  return kExitFailed;
+}
+
+}  // namespace
 
 int cmd_plugins(const Args& args) {
   po::options_description desc("arbiter plugins options");
@@ -18,7 +33,9 @@ int cmd_plugins(const Args& args) {
   if (vm.count("help")) {
     std::cout << "usage: arbiter plugins [--json]\n"
                  "Searches ARBITER_PLUGIN_PATH (':'-separated folders or files), then "
-              << Registry::default_plugin_folder() << "\n\n"
+              << Registry::default_plugin_folder()
+              << "\nexit 0; 1 when an ARBITER_PLUGIN_PATH entry cannot be searched (it does not "
+                 "exist or cannot be read)\n\n"
               << desc;
     return kExitOk;
   }
@@ -97,7 +114,7 @@ int cmd_plugins(const Args& args) {
       o.close();
     }
     std::cout << out << "]\n";
-    return kExitOk;
+    return search_path_errors(for_gpu);
   }
   if (modules.empty()) {
     std::cout << "no backend modules found (searched ARBITER_PLUGIN_PATH and "
@@ -113,14 +130,7 @@ int cmd_plugins(const Args& args) {
     std::cout << "\n";
   }
   for (const AbsentModule& a : absent) std::cout << a.name << "  " << a.reason << "\n";
-  // A typo'd folder is otherwise silently searched for nothing.
-  for (const std::string& place : gpu.search_path) {
-    std::error_code ec;
-    if (!std::filesystem::exists(place, ec)) {
-      std::cout << "note: ARBITER_PLUGIN_PATH names " << place << ", which does not exist\n";
-    }
-  }
-  return kExitOk;
+  return search_path_errors(for_gpu);
 }
 
 }  // namespace arbiter::cli

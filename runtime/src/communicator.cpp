@@ -157,6 +157,7 @@ struct RankFacts {
   std::uint32_t patterns[kBackendCount];  // each available module's caps.pattern_mask
   std::uint32_t flags[kBackendCount];     // and its caps.flags
   std::uint8_t check_calls;
+  std::uint8_t search_path_ok;     // every plugin search path entry could be searched
   char builds[kBackendCount][48];  // each available module's build ("" without one)
   ProcessIdentity process;         // differs by rank: not compared
 };
@@ -175,6 +176,15 @@ struct RankOutcome {
 // The first field on which some rank differs from rank 0, as an error.
 // `registry` and `self` add this rank's own reason where it lacks a module.
 void check_agreement(const std::vector<RankFacts>& all, const Registry& registry, int self) {
+  // Before any comparison: a skipped entry may be why modules differ.
+  if (!registry.search_errors().empty()) throw CommunicatorError(registry.search_error_message());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].search_path_ok) {
+      throw CommunicatorError("rank " + std::to_string(r) +
+                              " cannot search its plugin path (ARBITER_PLUGIN_PATH): an entry "
+                              "does not exist or cannot be read; its own error names it");
+    }
+  }
   const RankFacts& a = all[0];
   for (std::size_t r = 1; r < all.size(); ++r) {
     const RankFacts& b = all[r];
@@ -486,6 +496,7 @@ void Communicator::Impl::create(const Registry& registry) {
   mine.topology = (options.nvlink_domain ? 1u : 0u) | (options.multicast ? 2u : 0u);
   mine.available = registry.available_mask();
   mine.check_calls = check_calls ? 1 : 0;
+  mine.search_path_ok = registry.search_errors().empty() ? 1 : 0;
   mine.process = ProcessIdentity::own();
   for (int i = 0; i < kBackendCount; ++i) {
     if (const ModuleInfo* m = registry.info(static_cast<Backend>(i)); m && m->available) {

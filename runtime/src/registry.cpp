@@ -55,6 +55,8 @@ struct Registry::Impl {
   const arbiter_backend_v1_t* by_backend[kBackendCount] = {};
   int index_of[kBackendCount] = {-1, -1, -1, -1};
   arbiter_probe_args probed{};
+  std::vector<SearchPathError> search_errors;
+  std::string search_path_name;
 
   void load(const fs::path& path, const DiscoverOptions& options);
   void keep_open(void* dl) {
@@ -221,6 +223,7 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
 DiscoverOptions DiscoverOptions::from_environment() {
   DiscoverOptions o;
   if (const char* p = std::getenv("ARBITER_PLUGIN_PATH"); p && *p) o.search_path = split(p, ':');
+  o.search_path_name = "ARBITER_PLUGIN_PATH";
   if (const char* l = std::getenv("LOCAL_RANK"); l && *l) o.probe.device = std::atoi(l);
   if (const char* n = std::getenv("ARBITER_NCCL_LIBRARY"); n && *n) o.nccl_library = n;
   // ARBITER_NCCL_WHEEL_DIR: where pip puts nvidia-nccl-cu13, relative to this
@@ -245,19 +248,35 @@ std::string Registry::default_plugin_folder() {
 Registry Registry::discover(const DiscoverOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->probed = options.probe;
+  impl->search_path_name = options.search_path_name;
   std::vector<std::string> places = options.search_path;
   if (options.default_folder) places.push_back(default_plugin_folder());
-  for (const std::string& place : places) {
+  for (std::size_t i = 0; i < places.size(); ++i) {
+    const bool asked = i < options.search_path.size();  // not the default folder
+    auto refuse = [&](std::string reason) {
+      if (asked) impl->search_errors.push_back({places[i], std::move(reason)});
+    };
     std::error_code ec;
-    const fs::path p(place);
-    if (fs::is_regular_file(p, ec)) {
+    const fs::path p(places[i]);
+    const fs::file_status st = fs::status(p, ec);
+    if (st.type() == fs::file_type::regular) {
       impl->load(p, options);
       continue;
     }
-    if (!fs::is_directory(p, ec)) continue;
+    if (st.type() != fs::file_type::directory) {
+      refuse(ec                                      ? ec.message()
+             : st.type() == fs::file_type::not_found ? "does not exist"
+                                                     : "is neither a folder nor a module file");
+      continue;
+    }
     std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(p, ec)) {
-      if (is_module_file(entry.path())) files.push_back(entry.path());
+    fs::directory_iterator it(p, ec);
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (is_module_file(it->path())) files.push_back(it->path());
+    }
+    if (ec) {
+      refuse("cannot list the folder: " + ec.message());
+      continue;
     }
     std::sort(files.begin(), files.end());
     for (const fs::path& f : files) impl->load(f, options);
@@ -303,6 +322,22 @@ const arbiter_backend_memory_v2_t* Registry::memory(Backend backend) const {
 }
 
 const arbiter_probe_args& Registry::probed() const { return impl_->probed; }
+
+const std::vector<SearchPathError>& Registry::search_errors() const { return impl_->search_errors; }
+
+std::string Registry::search_error_message() const {
+  std::string out;
+  for (const SearchPathError& e : impl_->search_errors) {
+    out += (out.empty() ? "" : "; ") +
+           (impl_->search_path_name + " entry '" + e.place + "': " + e.reason);
+  }
+  if (!out.empty()) {
+    out +=
+        " (fix the entry or remove it: the modules it was meant to supply would be missing, or "
+        "others would run in their place)";
+  }
+  return out;
+}
 
 std::uint32_t Registry::available_mask() const {
   std::uint32_t mask = 0;

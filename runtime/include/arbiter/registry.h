@@ -55,10 +55,19 @@ struct AbsentModule {
   std::string reason;
 };
 
+// An entry of DiscoverOptions::search_path that cannot be searched: it does
+// not exist, cannot be read, or is neither a folder nor a file.
+struct SearchPathError {
+  std::string place;
+  std::string reason;
+};
+
 struct DiscoverOptions {
   // Folders or module files searched first, in order; by default the
   // ':'-separated ARBITER_PLUGIN_PATH.
   std::vector<std::string> search_path;
+  // What search_path is called in errors about its entries.
+  std::string search_path_name = "DiscoverOptions::search_path";
   // Search the install's plugin folder (next to libarbiter_runtime) after
   // search_path.
   bool default_folder = true;
@@ -103,6 +112,14 @@ class Registry {
   std::uint32_t available_mask() const;
   // What the modules were probed for (DiscoverOptions::probe).
   const arbiter_probe_args& probed() const;
+  // search_path entries that could not be searched (the default folder is
+  // not one: a build or install without modules is not an error). Skipped,
+  // they would leave the modules they were meant to supply to others: a
+  // communicator refuses to be created while this is not empty.
+  const std::vector<SearchPathError>& search_errors() const;
+  // search_errors() as one message naming each entry and the fix; "" when
+  // there are none.
+  std::string search_error_message() const;
 
   // The folder the runtime looks in by default.
   static std::string default_plugin_folder();

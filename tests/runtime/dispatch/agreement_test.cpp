@@ -130,6 +130,28 @@ BOOST_AUTO_TEST_CASE(ranks_that_loaded_different_modules_are_refused_naming_the_
   BOOST_TEST(contains(errors[1], "here, trtllm is no module found"), errors[1]);
 }
 
+// A search path entry that cannot be searched was skipped: the modules it was
+// meant to supply were missing, or the default folder's ran in their place,
+// silently. Creation is refused on every rank; the rank that has the entry
+// names it.
+BOOST_AUTO_TEST_CASE(a_search_path_entry_that_cannot_be_searched_refuses_creation_on_every_rank) {
+  const arbiter::Registry full = registry_of(all_modules());
+  std::vector<std::string> with_typo = all_modules();
+  with_typo.insert(with_typo.begin(), std::string(ARBITER_RECORDING_DIR) + "/no-such-folder");
+  const arbiter::Registry typo = registry_of(with_typo);
+  BOOST_TEST(typo.available_mask() == full.available_mask());  // it would have run
+  const auto errors = on_ranks(2, [&](int r, const arbiter_oob& oob) {
+    arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), r == 1 ? typo : full,
+                               gpu_options(r));
+  });
+  BOOST_TEST(contains(errors[0], "rank 1 cannot search its plugin path"), errors[0]);
+  BOOST_TEST(contains(errors[1],
+                      "DiscoverOptions::search_path entry '" + std::string(ARBITER_RECORDING_DIR) +
+                          "/no-such-folder': No such file or directory (fix the entry or remove "
+                          "it"),
+             errors[1]);
+}
+
 BOOST_AUTO_TEST_CASE(ranks_that_loaded_different_builds_of_a_module_are_refused_naming_both) {
   const arbiter::Registry one = registry_of(all_modules());
   const arbiter::Registry other = registry_of({module_path(ARBITER_RECORDING_DIR, "mnnvl"),

@@ -33,6 +33,38 @@ bool has(const std::string& text, const std::string& words) {
 
 }  // namespace
 
+// Entries of the search path that cannot be searched are recorded with the
+// reason (a communicator refuses them); the others are searched as before.
+// The default folder is not one: a build without modules is no error.
+BOOST_AUTO_TEST_CASE(search_path_entries_that_cannot_be_searched_are_named_with_the_reason) {
+  const std::string loop = "registry_test_loop";
+  std::remove(loop.c_str());
+  BOOST_REQUIRE(symlink(loop.c_str(), loop.c_str()) == 0);
+  DiscoverOptions o;
+  o.search_path = {"registry_test_missing", "/dev/null", loop, ARBITER_FAKE_DIR};
+  o.default_folder = false;
+  const Registry r = Registry::discover(o);
+  std::remove(loop.c_str());
+  BOOST_REQUIRE(r.search_errors().size() == 3u);
+  BOOST_TEST(r.search_errors()[0].place == "registry_test_missing");
+  BOOST_TEST(r.search_errors()[0].reason == "No such file or directory");
+  BOOST_TEST(r.search_errors()[1].reason == "is neither a folder nor a module file");
+  BOOST_TEST(r.search_errors()[2].reason == "Too many levels of symbolic links");
+  BOOST_TEST(has(r.search_error_message(),
+                 "DiscoverOptions::search_path entry 'registry_test_missing': No such file"),
+             r.search_error_message());
+  BOOST_TEST(has(r.search_error_message(), "(fix the entry or remove it"));
+  bool good = false;
+  for (const ModuleInfo& m : r.modules())
+    good = good || (m.path.ends_with("/libarbiter-good.so") && m.available);
+  BOOST_TEST(good);
+
+  o.search_path = {ARBITER_FAKE_DIR};
+  o.default_folder = true;
+  BOOST_TEST(Registry::discover(o).search_errors().empty());
+  BOOST_TEST(Registry::discover(o).search_error_message().empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_good_module_is_available_with_its_caps) {
   auto m = discover_fakes();
   const ModuleInfo& good = m.at("libarbiter-good.so");
