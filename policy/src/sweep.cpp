@@ -39,8 +39,11 @@ std::vector<Band> sweep(const Policy& policy, const Request& request, std::uint6
     if (edge > to) break;
     r.message_bytes = edge;
     Decision d = policy.decide(r);
+    // The reason too: the same backend taking a call for another reason
+    // ("no eligible fused backend" below the cap, "above the cap" over it)
+    // is another band, or the band's label contradicts decide().
     if (!bands.empty() && bands.back().decision.same_choice(d) &&
-        bands.back().decision.cap == d.cap) {
+        bands.back().decision.cap == d.cap && bands.back().decision.reason == d.reason) {
       bands.back().last = edge;
     } else {
       bands.push_back(Band{first, edge, d});

@@ -188,6 +188,38 @@ BOOST_AUTO_TEST_CASE(fused_choice_is_the_fused_decision_without_the_cap) {
   BOOST_TEST((with("").fused_choice(r).backend == Backend::kNone));
 }
 
+// Each band of sweep() says what decide() says at both of its ends, reason
+// and cap included, and no two adjacent bands say the same. Bands merged on
+// the choice alone labelled "above the cap" sizes with the reason of those
+// below it ("no eligible fused backend", where ARBITER_BACKENDS left only
+// the fallback).
+BOOST_AUTO_TEST_CASE(every_sweep_band_says_what_decide_says_at_both_ends) {
+  long bands = 0, n = 0;
+  auto same = [](const Decision& a, const Decision& b) {
+    return a.same_choice(b) && a.reason == b.reason && a.cap == b.cap;
+  };
+  for (const Policy& p : policies()) {
+    for_each_request([&](Request r) {
+      if (r.message_bytes != 0 || ++n % 16 != 0) return;  // a sample keeps the suite quick
+      const std::vector<Band> swept = sweep(p, r, 1, 128 * kMiB);
+      for (std::size_t i = 0; i < swept.size(); ++i) {
+        ++bands;
+        for (std::uint64_t at : {swept[i].first, swept[i].last}) {
+          r.message_bytes = at;
+          if (!same(p.decide(r), swept[i].decision)) {
+            BOOST_ERROR("band " << swept[i].first << ".." << swept[i].last << " disagrees with "
+                                << p.explain_text(r, p.explain(r)));
+          }
+        }
+        if (i > 0 && same(swept[i - 1].decision, swept[i].decision)) {
+          BOOST_ERROR("bands " << i - 1 << " and " << i << " say the same");
+        }
+      }
+    });
+  }
+  BOOST_TEST(bands > 1000);
+}
+
 BOOST_AUTO_TEST_CASE(decide_never_allocates) {
   const std::vector<Policy> all = policies();
   long decisions = 0;
