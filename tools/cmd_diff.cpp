@@ -9,9 +9,10 @@
 // kind the rules of either table tell apart: world sizes by the backends'
 // world_sizes, capabilities by their min_capability. Nodes are 1, every
 // nodes key in a cell, and one multi-node count that no cell names (all such
-// counts decide alike); each with NVLink and multicast, NVLink alone, and
-// neither (a backend's needs_* rules tell them apart). Within each, sizes
-// are compared band by band, so the comparison is exact, not sampled.
+// counts decide alike); each with NVLink and multicast, NVLink alone,
+// neither, and multicast alone (a backend's needs_* rules tell them apart).
+// World sizes above kMaxWorldSize are one more kind. Within each, sizes are
+// compared band by band, so the comparison is exact, not sampled.
 #include <algorithm>
 #include <array>
 #include <iostream>
@@ -77,10 +78,11 @@ struct Topology {
 std::string topology_text(const Topology& t) {
   std::string s = std::to_string(t.nodes) + (t.nodes == 1 ? " node" : " nodes");
   if (t.nodes == 1) {
-    if (!t.nvlink) return s + " (no NVLink)";
+    if (!t.nvlink) return s + (t.multicast ? " (no NVLink, multicast)" : " (no NVLink)");
     return t.multicast ? s + " (multicast)" : s;
   }
-  if (!t.nvlink) return s + " (no NVLink domain)";
+  if (!t.nvlink)
+    return s + (t.multicast ? " (no NVLink domain, multicast)" : " (no NVLink domain)");
   return s + (t.multicast ? " (NVLink domain, multicast)" : " (NVLink domain, no multicast)");
 }
 
@@ -97,11 +99,16 @@ std::string names_text(const std::set<int>& items, int count, bool pattern) {
 // What the backends' rules of both tables say of a world size: whether each
 // backend may take it. World sizes alike here, and without a cell, decide
 // alike.
+// Above kMaxWorldSize no cell or list names a world size: only backends
+// without a world_sizes rule take one, and all such world sizes decide
+// alike (kMaxWorldSize + 1 stands for them).
 std::string world_size_kind(const Policy& a, const Policy& b, std::uint32_t ws) {
-  std::string kind(1, ws == 1 ? '1' : 'n');  // one rank: no few-tokens variant
+  // One rank: no few-tokens variant; above the lists: a kind of its own.
+  std::string kind(1, ws == 1 ? '1' : ws > kMaxWorldSize ? 'L' : 'n');
   for (const Policy* p : {&a, &b}) {
     for (const BackendRules& rules : p->tables().backends) {
-      kind += rules.world_sizes.none() || rules.world_sizes.test(ws) ? '+' : '-';
+      const bool listed = ws <= kMaxWorldSize && rules.world_sizes.test(ws);
+      kind += rules.world_sizes.none() || listed ? '+' : '-';
     }
   }
   return kind;
@@ -197,12 +204,15 @@ int cmd_diff(const Args& args) {
   for (std::uint16_t code : capabilities) {
     std::map<std::string, std::vector<std::uint32_t>> kinds;
     const std::set<std::uint32_t>& named = cell_world_sizes[code];
-    for (std::uint32_t ws = 1; ws <= kMaxWorldSize; ++ws) {
+    for (std::uint32_t ws = 1; ws <= kMaxWorldSize + 1; ++ws) {
       if (!named.count(ws)) kinds[world_size_kind(a, b, ws)].push_back(ws);
     }
     for (const auto& [kind, sizes] : kinds) {
       shapes[{code, sizes.front()}] =
-          sizes.size() == 1 ? "no cell" : "no cell; as for world sizes " + ranges_text(sizes);
+          sizes.front() > kMaxWorldSize
+              ? "no cell; as for every world size above " + std::to_string(kMaxWorldSize)
+          : sizes.size() == 1 ? "no cell"
+                              : "no cell; as for world sizes " + ranges_text(sizes);
     }
   }
   const std::uint64_t to = kMaxSizeBytes;
@@ -232,8 +242,14 @@ int cmd_diff(const Args& args) {
       topologies.push_back({nodes, true, nodes > 1});
       topologies.push_back({nodes, true, nodes == 1});
       topologies.push_back({nodes, false, false});
+      // Multicast without NVLink says nothing real, but requests may say
+      // it and a backend's needs_* rules tell it apart: shown only where
+      // it decides otherwise than no NVLink.
+      topologies.push_back({nodes, false, true});
     }
     const char* const kNoDifference = "  no difference\n";
+    using Groups = std::array<std::map<std::string, std::map<int, std::set<int>>>, 8>;
+    Groups without_nvlink;
     for (const Topology& topology : topologies) {
       // Same differences -> the (pattern, dtype) pairs that share them, per
       // variant of the call, a set of bits: a replicated residual, registered
@@ -242,7 +258,7 @@ int cmd_diff(const Args& args) {
       // where its differences are not those of any variant with one bit
       // less (the plain call first): what they show explains it.
       constexpr int kReplicated = 1, kRegistered = 2, kFewTokens = 4, kVariants = 8;
-      std::array<std::map<std::string, std::map<int, std::set<int>>>, kVariants> groups;
+      Groups groups;
       for (int pt = 0; pt < kPatternCount; ++pt) {
         for (int dt = 0; dt < kDtypeCount; ++dt) {
           std::array<std::optional<std::vector<Difference>>, kVariants> diffs;
@@ -278,6 +294,8 @@ int cmd_diff(const Args& args) {
           }
         }
       }
+      if (!topology.nvlink && !topology.multicast) without_nvlink = groups;
+      if (!topology.nvlink && topology.multicast && groups == without_nvlink) continue;
       for (int variant = 0; variant < kVariants; ++variant)
         for (const auto& [text, by_pattern] : groups[variant]) {
           // Collapse patterns that share the same dtype set.

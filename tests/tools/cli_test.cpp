@@ -381,6 +381,12 @@ BOOST_AUTO_TEST_CASE(diff_sees_every_topology_and_calls_of_fewer_tokens_than_ran
        "capability 90, world size 2, 1 node (no NVLink), allreduce",
        "bytes <= 32 MiB: nccl native unfused (no eligible fused backend)  ->  trtllm oneshot "
        "fused"},
+      // Multicast without NVLink: diff never tried it, and said "no decision
+      // differs" where decide changed.
+      {"backends:\n  mnnvl: {needs_nvlink: false}\n",
+       "capability 90, world size 2, 1 node (no NVLink, multicast), allreduce",
+       "bytes <= 512 KiB: nccl native unfused (no eligible fused backend)  ->  mnnvl oneshot "
+       "fused"},
       {"backends:\n  trtllm: {twoshot_needs_tokens_ge_world_size: false}\n",
        "capability 100, world size 2, 1 node, all patterns, all dtypes, fewer tokens than ranks",
        "32 MiB < bytes <= 64 MiB: trtllm oneshot fused  ->  trtllm twoshot fused"},
@@ -393,6 +399,10 @@ BOOST_AUTO_TEST_CASE(diff_sees_every_topology_and_calls_of_fewer_tokens_than_ran
     BOOST_TEST(contains(r.output, std::string(c.heading)), r.output);
     BOOST_TEST(contains(r.output, std::string(c.change)), r.output);
   }
+  // Where multicast without NVLink decides as no NVLink does, it is not
+  // listed again.
+  std::ofstream(site) << "format: 1\nbackends:\n  trtllm: {needs_nvlink: false}\n";
+  BOOST_TEST(!contains(run_arbiter("diff preset:default " + site).output, "NVLink, multicast"));
   // shm's threshold moves the copied call; registered calls decide by their
   // own one-shot cells, so for them the difference vanishes: shown, not
   // counted.
@@ -435,6 +445,17 @@ BOOST_AUTO_TEST_CASE(diff_sees_calls_no_cell_covers) {
   BOOST_TEST(contains(r.output, "world size 65 (no cell; as for world sizes 65-1024)"), r.output);
   // A capability without cells stands for those its rules treat alike.
   BOOST_TEST(contains(r.output, "capability 50 (as for 50-89, 91-99), world size 3"), r.output);
+  // Above 1024 ranks no list names a world size: a backend with a
+  // world_sizes rule takes none. diff stopped at 1024 and said "no decision
+  // differs" where every larger job was left with no backend.
+  std::ofstream(site) << "format: 1\nbackends:\n  nccl:\n    world_sizes: {min: 1, max: 1024}\n";
+  r = run_arbiter("diff preset:default " + site);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output,
+                      "capability 90, world size 1025 (no cell; as for every world size above "
+                      "1024), 1 node, all patterns, all dtypes:\n    all sizes: nccl native "
+                      "unfused (no fusion entry)  ->  no backend"),
+             r.output);
   // One rank on a CPU.
   std::ofstream(site) << "format: 1\nbackends:\n  shm:\n    world_sizes: {min: 2, max: 63}\n";
   r = run_arbiter("diff preset:default " + site);
