@@ -94,8 +94,16 @@ bool explain_fused(const Compiled& c, const Request& r, Decision& d) {
 
 // One rank is a valid group: no cell fuses it (cells need 2), so the
 // fallback runs its epilogue, where the fallback's world_sizes include 1.
+// A capability outside cpu and 50..199 (only Capability::sm() in C++ can
+// make one; every parser refuses it) names no device: the lookups index by
+// its low byte, so capability 356 read capability 100's cells.
+bool valid_capability(Capability c) {
+  return c.is_cpu() || (c.code() >= Capability::kMinSm && c.code() <= Capability::kMaxSm);
+}
+
 bool valid_request(const Request& r) {
-  return r.world_size >= 1 && r.nodes >= 1 && r.nodes <= r.world_size;
+  return r.world_size >= 1 && r.nodes >= 1 && r.nodes <= r.world_size &&
+         valid_capability(r.capability);
 }
 
 }  // namespace

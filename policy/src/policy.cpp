@@ -109,7 +109,17 @@ void check_override_cells(const Overrides& o, std::vector<Diagnostic>& diagnosti
       bad("world size " + std::to_string(c.key.world_size) + " is outside 2.." +
           std::to_string(kMaxWorldSize));
     }
+    if (!c.key.capability.is_cpu() && (c.key.capability.code() < Capability::kMinSm ||
+                                       c.key.capability.code() > Capability::kMaxSm)) {
+      bad("capability " + std::to_string(c.key.capability.code()) + " is outside " +
+          std::to_string(Capability::kMinSm) + ".." + std::to_string(Capability::kMaxSm) +
+          " (and not cpu)");
+    }
     if (c.key.nodes > c.key.world_size) bad("nodes above world size");
+    if (c.key.residual && c.key.pattern == Pattern::kAllreduce) {
+      bad("the cell never applies: pattern allreduce has no residual (drop the residual key, or "
+          "key the cell by a residual pattern)");
+    }
     if (!c.fusion && c.key.nodes != 0) bad("one-shot cells are not keyed by nodes");
     if (c.bytes && (*c.bytes == 0 || *c.bytes > kMaxSizeBytes)) {
       bad("size " + std::to_string(*c.bytes) + " bytes is outside 1 B .. 1 TiB");

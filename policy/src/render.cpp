@@ -97,9 +97,11 @@ std::string entry_text(const Policy& p, const Request& r, const TraceEntry& e) {
   const std::string b(backend_name(e.backend));
   switch (e.rule) {
     case Rule::kRequestCheck:
-      return e.verdict ? "request: " + request_text(r)
-                       : "invalid request (" + request_text(r) +
-                             "): needs world size >= 2 and 1 <= nodes <= world size";
+      return e.verdict
+                 ? "request: " + request_text(r)
+                 : "invalid request (" + request_text(r) +
+                       "): needs world size >= 1, 1 <= nodes <= world size and a capability of cpu "
+                       "or 50..199";
     case Rule::kAllowedBackends: {
       std::string s =
           "backends allowed: " + backend_mask_names(static_cast<std::uint32_t>(e.value));

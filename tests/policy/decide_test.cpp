@@ -270,4 +270,21 @@ BOOST_AUTO_TEST_CASE(invalid_requests_fall_back_without_crashing) {
     BOOST_TEST(!d.fused);
     BOOST_TEST((d.reason == Reason::kInvalidRequest || d.reason == Reason::kNoBackend));
   }
+  // Capabilities only C++ can make (every parser refuses them): the lookups
+  // read their low byte, so 356 decided as 100, and 256 as cpu (shm for a
+  // GPU rank) on the fast path while explain() said trtllm.
+  for (std::uint16_t code : {1, 30, 49, 200, 255, 256, 356, 65535}) {
+    Request r;
+    r.capability = Capability::sm(code);
+    r.world_size = 2;
+    r.message_bytes = 512 * kKiB;
+    const Decision fast = p.decide(r);
+    const Decision full = p.explain(r);
+    BOOST_TEST(fast.reason == Reason::kInvalidRequest, code);
+    BOOST_TEST(full.reason == Reason::kInvalidRequest, code);
+    BOOST_TEST((fast.backend == full.backend && !fast.fused && fast.backend != Backend::kShm),
+               code);
+    BOOST_TEST(!p.max_fused_bytes(r).has_value());
+    BOOST_TEST(p.explain_text(r, full).find("a capability of cpu or 50..199") != std::string::npos);
+  }
 }

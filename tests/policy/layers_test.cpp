@@ -95,6 +95,31 @@ BOOST_AUTO_TEST_CASE(site_files_on_disk_are_a_site_layer_and_later_files_win) {
   std::remove(b.c_str());
 }
 
+// Typed overrides are checked as a file is: a capability outside cpu and
+// 50..199 loaded and applied to the capability of its low byte (356 to
+// 100), and a residual key on pattern allreduce loaded though it never
+// applies.
+BOOST_AUTO_TEST_CASE(overrides_that_a_file_could_not_hold_are_refused) {
+  CellKey alias;
+  alias.capability = Capability::sm(356);
+  alias.world_size = 3;
+  CellKey never;
+  never.capability = Capability::sm(90);
+  never.world_size = 4;
+  never.pattern = Pattern::kAllreduce;
+  never.residual = Residual::kReplicated;
+  for (const CellKey& key : {alias, never}) {
+    LoadOptions o;
+    o.overrides.fusion_cap(key, 64 * kMiB);
+    const LoadResult r = Policy::load(o);
+    BOOST_TEST(!r.policy.has_value());
+    const std::string m = messages(r.diagnostics);
+    BOOST_TEST((m.find("capability 356 is outside 50..199") != std::string::npos ||
+                m.find("pattern allreduce has no residual") != std::string::npos),
+               m);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(off_disables_a_default_cell) {
   const Policy p =
       must_load("format: 1\nfusion:\n  - {capability: 100, world_size: 4, max: off}\n");
@@ -178,9 +203,9 @@ BOOST_AUTO_TEST_CASE(arbiter_backends_restricts_and_rejects_unknown_names) {
   r = Policy::load(o);
   BOOST_TEST(!r.policy.has_value());
   BOOST_TEST(r.diagnostics.size() == 1u, messages(r.diagnostics));
-  BOOST_TEST(messages(r.diagnostics).find("empty backend name (item 2) in 'shm,,'") !=
-                 std::string::npos,
-             messages(r.diagnostics));
+  BOOST_TEST(
+      messages(r.diagnostics).find("empty backend name (item 2) in 'shm,,'") != std::string::npos,
+      messages(r.diagnostics));
 }
 
 BOOST_AUTO_TEST_CASE(disabling_the_fallback_leaves_no_backend_rather_than_crashing) {

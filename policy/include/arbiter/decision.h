@@ -23,7 +23,8 @@ enum class Reason : std::uint8_t {
   kAboveCap = 3,           // message bytes > the fused cap
   kNoEligibleBackend = 4,  // no preferred backend can run this call
   kNoBackend = 5,          // the fallback itself is disabled or ineligible
-  kInvalidRequest = 6,     // world size 0, nodes 0, nodes > world size
+  kInvalidRequest = 6,     // world size 0, nodes 0, nodes > world size, capability
+                           // outside cpu and 50..199
 };
 
 // "fused", "no_fusion_cell", "above_cap", ... as in decision JSON.

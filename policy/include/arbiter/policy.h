@@ -9,6 +9,7 @@
 // throws and never allocates.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -156,8 +157,11 @@ inline Decision Policy::decide(const Request& r) const noexcept {
   if (!plain) [[unlikely]] {
     return decide_slow(r);
   }
-  const std::uint32_t block = shape_of_[(r.capability.code() & 0xFFu) * stride_ + r.world_size];
-  if (block == 0) return decide_slow(r);  // no fusion cell: the fallback
+  // Codes above 255 (no device: decide_slow refuses them) read code 255,
+  // which no table can name, rather than alias a real one's low byte.
+  const std::uint32_t code = std::min<std::uint32_t>(r.capability.code(), 0xFFu);
+  const std::uint32_t block = shape_of_[code * stride_ + r.world_size];
+  if (block == 0) return decide_slow(r);  // no fusion cell (or no device): the rule walk
   const detail::Route& route =
       routes_[(block - 1) * detail::kSignatureCount + detail::signature(r)];
   if (route.nodes_keyed) [[unlikely]] {
