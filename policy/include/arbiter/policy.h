@@ -9,7 +9,6 @@
 // throws and never allocates.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -150,16 +149,20 @@ struct LoadResult {
   std::vector<Diagnostic> diagnostics;  // errors and warnings, in file order
 };
 
+static_assert(kMaxWorldSize < 0xFFFFu,
+              "decide() folds capability codes above 255 into the "
+              "world size compare: strides stay below 1 << 16");
+
 inline Decision Policy::decide(const Request& r) const noexcept {
   // No branch here depends on the message size (it changes call to call).
-  const bool plain = r.world_size >= 2 && r.world_size < stride_ && r.nodes - 1u < r.world_size &&
-                     r.excluded_backends == 0;
+  // A capability code above 255 (no device: decide_slow refuses it) fails
+  // the world size compare, rather than alias the cells of its low byte.
+  const std::uint32_t code = r.capability.code();
+  const bool plain = r.world_size >= 2 && (r.world_size | (code & 0xFF00u) << 8) < stride_ &&
+                     r.nodes - 1u < r.world_size && r.excluded_backends == 0;
   if (!plain) [[unlikely]] {
     return decide_slow(r);
   }
-  // Codes above 255 (no device: decide_slow refuses them) read code 255,
-  // which no table can name, rather than alias a real one's low byte.
-  const std::uint32_t code = std::min<std::uint32_t>(r.capability.code(), 0xFFu);
   const std::uint32_t block = shape_of_[code * stride_ + r.world_size];
   if (block == 0) return decide_slow(r);  // no fusion cell (or no device): the rule walk
   const detail::Route& route =
