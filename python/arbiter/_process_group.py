@@ -45,8 +45,13 @@ class GroupOob:
                 "e.g. torch.distributed.new_group(ranks, backend='gloo') (vLLM's cpu_group)"
             ) from None
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
+        try:
+            self.rank = dist.get_rank(group)
+            self.size = dist.get_world_size(group)
+        except ValueError as e:  # "Group ... is not registered": destroyed, or never made
+            raise _invalid(f"from_process_group: torch.distributed does not know the group "
+                           f"({e}); pass a live group (destroy_process_group() ends them all)"
+                           ) from None
 
     def allgather(self, data: bytes, timeout: float) -> list[bytes]:
         # gloo refuses empty tensors: a barrier's empty message travels as one byte.

@@ -21,6 +21,7 @@ import torch
 from . import _library
 from .arrays import Borrowed
 from ._results import OUTPUTS, nvfp4_scale_bytes
+from .errors import ArbiterError
 from .errors import invalid_argument as _invalid
 from .errors import FLOAT32_MAX as _F32_MAX
 from .errors import FLOAT32_TINIEST as _F32_TINIEST
@@ -128,6 +129,27 @@ def _refuse_grad(x, residual, weight, outs: tuple) -> None:
                            "a detached tensor")
 
 
+def _refuse_inference_outputs(outs) -> None:
+    """torch refuses in-place writes to inference tensors outside
+    inference_mode (they have no version counter to bump): so does arbiter."""
+    for i, t in enumerate(outs):
+        if t is not None and t.is_inference():
+            raise _invalid(f"{_WHAT[i]}: an inference tensor written outside "
+                           "torch.inference_mode(), which torch refuses for its own in-place ops; "
+                           "call inside inference_mode(), or pass a tensor made outside it")
+
+
+def _storage_less(tensors) -> None:
+    """Raises for the first (name, tensor) with data_ptr() 0 and elements: a
+    wrapper subclass (its data lives in inner tensors), which arbiter would
+    read as an argument not given."""
+    for what, t in tensors:
+        if t is not None and t.data_ptr() == 0 and t.numel():
+            raise _invalid(f"{what}: a {type(t).__name__} without storage of its own (a "
+                           "wrapper tensor subclass); arbiter reads and writes memory: pass "
+                           "the plain tensor that holds the data")
+
+
 def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bias,
           replicated) -> int:
     """Raises ArbiterError naming the argument and the rule unless the call
@@ -135,7 +157,11 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
     dtype, device, hidden = comm._torch_dtype, comm.device, comm.hidden
     if torch.is_grad_enabled():  # inference runs without grad: no cost there
         _refuse_grad(x, residual, weight, outs)
-    shape = x.shape
+    try:
+        shape = x.shape
+    except (AttributeError, RuntimeError):  # not a tensor; a nested tensor has no sizes
+        raise _invalid(f"x: a {'nested tensor' if getattr(x, 'is_nested', False) else type(x).__name__}; "
+                       "pass a (tokens, hidden) torch tensor") from None
     if len(shape) != 2:
         raise _invalid(f"x: shape {tuple(shape)}; expected (tokens, hidden={hidden})")
     tokens = shape[0]
@@ -173,10 +199,9 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
                 raise _neg("scale")
         elif device >= 0:
             raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
-        elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise _invalid(f"scale: a {type(scale).__name__} is neither a float nor a tensor")
         elif not (type(scale) is float and _F32_TINIEST <= scale <= _F32_MAX):
-            _real(scale, "scale", positive=True)  # refused here, joined: run() stores it
+            # An int, a numpy scalar (as eps takes), or refused: joined, run() stores it.
+            _real(scale, "scale", positive=True)
     elif scale is not None:
         raise _invalid(f"pattern {name} takes no scale")
     writes = WRITES[code]
@@ -196,6 +221,8 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
                          _FP8 if code == 2 else _FP4, device)
         else:
             _check_bytes(t, _WHAT[4], (nvfp4_scale_bytes(tokens, hidden),), _FP8, device)
+    if not _inference_mode():  # inference runs in it: no cost there
+        _refuse_inference_outputs(outs)
     return tokens
 
 
@@ -204,13 +231,26 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     """check(), then the C call on `stream` (a handle; None: torch's current
     stream on this rank's device). The decision it took is the
     communicator's last_decision."""
+    ar, res, norm, quant, sf = outs
     try:
         tokens = check(comm, code, x, residual, weight, scale, outs, eps, weight_bias, replicated)
+        at = (x.data_ptr(), 0 if ar is None else ar.data_ptr(),
+              0 if residual is None else residual.data_ptr(), 0 if res is None else res.data_ptr(),
+              0 if weight is None else weight.data_ptr(), 0 if norm is None else norm.data_ptr(),
+              0 if quant is None else quant.data_ptr(), 0 if sf is None else sf.data_ptr())
+        # 0 for a tensor given: an empty one, or a wrapper subclass (refused).
+        if 0 in at and (at.count(0) != (ar is None) + (residual is None) + (res is None) +
+                        (weight is None) + (norm is None) + (quant is None) + (sf is None)):
+            _storage_less((("x", x), ("residual", residual), ("weight", weight),
+                           *zip(_WHAT, outs)))
     except Exception as refused:
+        if not isinstance(refused, ArbiterError):  # torch's own, e.g. a tensor without storage
+            refused = _invalid(f"a tensor arbiter cannot read ({type(refused).__name__}: "
+                               f"{str(refused).splitlines()[0] if str(refused) else ''}); pass "
+                               "dense tensors in host or CUDA memory")
         raise _library.join_refused(comm, False, refused)
     if stream is None and comm.device >= 0:
         stream = _current_stream(comm.device)
-    ar, res, norm, quant, sf = outs
     if not comm._lock.acquire(blocking=False):
         raise _invalid("allreduce_fusion: another thread is in a call on this communicator")
     comm._call_started = _now()  # for the Ctrl-C watcher (_interrupt)
@@ -225,17 +265,14 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
             comm._scale_value.value = scale
             scale_at = comm._scale_address
         _pack(comm._args, 0, code, comm._dtype_code, 0, tokens, comm.hidden,
-              _REPLICATED if replicated and code else 0, x.data_ptr(),
-              0 if ar is None else ar.data_ptr(),
-              0 if residual is None else residual.data_ptr(),
-              0 if res is None else res.data_ptr(),
-              0 if weight is None else weight.data_ptr(),
-              eps if code else 0.0, weight_bias if code else 0.0,
-              0 if norm is None else norm.data_ptr(),
-              0 if quant is None else quant.data_ptr(),
-              0 if sf is None else sf.data_ptr(), scale_at)
+              _REPLICATED if replicated and code else 0, at[0], at[1], at[2], at[3], at[4],
+              eps if code else 0.0, weight_bias if code else 0.0, at[5], at[6], at[7], scale_at)
         status = comm._fusion_call(comm._handle_value, comm._args_address, stream or None,
                                    comm._decision_address)
+        # Written behind autograd's back, as torch's own in-place ops are
+        # not: a bump makes backward() refuse a tensor it saved before the
+        # write, instead of computing a gradient from what arbiter wrote.
+        _bump([t for t in outs if t is not None])
         if status:
             _library.check(comm._lib, status)
     finally:
@@ -243,6 +280,8 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
 
 
 _REPLICATED = _library.RUN_RESIDUAL_REPLICATED
+_bump = torch._C._increment_version
+_inference_mode = torch.is_inference_mode_enabled
 _pack = _library.ALLREDUCE_ARGS_LAYOUT.pack_into
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 if _current_stream is None:  # a torch without it: the public, slower way

@@ -46,6 +46,8 @@ from ._results import FusionResult, nvfp4_scale_bytes, stream_handle
 from .communicator import check_registered_bytes
 from .errors import ArbiterError
 from .errors import invalid_argument as _invalid
+from .errors import FLOAT32_MAX as _F32_MAX
+from .errors import FLOAT32_TINIEST as _F32_TINIEST
 from .policy import Dtype, Pattern, parse_pattern
 
 __all__ = ["allreduce_fusion", "empty", "op"]
@@ -113,9 +115,11 @@ def _impl(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_
 def _fake(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_out,
           quant_out=None, scale_out=None, scale=None, eps=1e-6, weight_bias=0.0,
           residual_replicated=False):
-    _torch_tensors.check(communicator(comm), _code(pattern), x, residual, weight, scale,
-                         (allreduce_out, residual_out, norm_out, quant_out, scale_out), eps,
-                         weight_bias, residual_replicated)
+    """Nothing to compute (the op returns nothing) and nothing refused: a
+    call refused while one rank traces never reaches its peers, which wait
+    out their deadline on a communicator left unusable. The compiled call
+    runs _impl, which refuses what check() refuses and joins the peers, as
+    the eager call does."""
 
 
 for _key in ("CPU", "CUDA"):
@@ -206,15 +210,25 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
             code = int(parse_pattern(pattern))
         outs = _outputs(code, x, out)
     except Exception as refused:
+        if not isinstance(refused, ArbiterError):  # torch could not make outputs like x
+            refused = _invalid(f"x: torch cannot make outputs like this {x.layout} tensor "
+                               f"({type(refused).__name__}: {str(refused).splitlines()[0]}); "
+                               "pass a strided (dense) tensor")
         if eager:  # a refused call joins its peers (_library.join_refused)
             raise _library_join(comm, False, refused)
-        raise
+        raise refused
     if not eager:
         if stream is not None:
             raise _invalid("stream: traced by torch.compile (or under a torch dispatch mode) "
                            "the call runs on torch's current stream; instead of stream=, wrap "
                            "the call in `with torch.cuda.stream(s):`")
         if scale is not None and not isinstance(scale, _Tensor):
+            # A Python float is a constant of the program: checked as the
+            # eager call checks it (torch.full overflowed to a compiler error
+            # on 1e300).
+            if type(scale) is float and not _F32_TINIEST <= scale <= _F32_MAX:
+                raise _invalid(f"scale {scale!r} must be a positive float within float32's "
+                               "range")
             scale = torch.full((1,), float(scale), dtype=torch.float32, device=x.device)
         op(comm._op_handle, code, x, residual, weight, outs[0], outs[1], outs[2], outs[3],
            outs[4], scale, eps, weight_bias, residual_replicated)

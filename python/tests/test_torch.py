@@ -126,6 +126,74 @@ def test_tensors_that_require_grad_are_refused_while_grad_is_on(comm):
             assert r.norm_out is norm_out
 
 
+def test_a_write_bumps_the_version_so_backward_refuses_what_it_saved_before(comm):
+    # x needs no grad, so grad mode lets it through; autograd saved it for
+    # p's gradient, then the call wrote norm_out into it. Its version never
+    # moved, and backward() computed p.grad from arbiter's output, silently.
+    for how in ("eager", "op"):
+        x, residual, weight = inputs(seed=4)
+        p = torch.ones_like(x, dtype=torch.float32, requires_grad=True)
+        loss = (p * x).sum()
+        before = x._version
+        if how == "eager":
+            comm.allreduce_fusion(x, residual, weight, out={"norm_out": x})
+        else:
+            torch.ops.arbiter.allreduce_fusion(comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM),
+                                               x, residual, weight, None, residual, x)
+        assert x._version > before, how
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+
+def test_inference_tensors_are_written_only_inside_inference_mode(comm):
+    # torch refuses its own in-place writes to them outside inference_mode().
+    with torch.inference_mode():
+        x, residual, weight = inputs(seed=5)
+        out = torch.empty_like(x)
+        comm.allreduce_fusion(x, residual, weight, out={"norm_out": out})
+    with torch.no_grad(), pytest.raises(arbiter.ArbiterError, match=r"out\['norm_out'\]: an "
+                                        "inference tensor written outside"):
+        comm.allreduce_fusion(x.clone(), residual.clone(), weight, out={"norm_out": out})
+    # Read, not written: an inference x is taken.
+    with torch.no_grad():
+        comm.allreduce_fusion(x, residual.clone(), weight, out={"norm_out": torch.empty_like(out)})
+
+
+def test_tensors_arbiter_cannot_read_are_refused_by_name(comm):
+    # A wrapper subclass (data_ptr() 0) given as residual was read as "no
+    # residual", and as an output left unwritten, with success.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x, residual, weight = inputs(seed=6)
+    two = {"residual": TwoTensor(residual, residual.clone()),
+           "weight": TwoTensor(weight, weight.clone()),
+           "out['norm_out']": TwoTensor(torch.empty_like(x), torch.empty_like(x))}
+    with torch.no_grad():
+        for name, bad in two.items():
+            args = {"residual": residual, "weight": weight, "out": None}
+            if name == "out['norm_out']":
+                args["out"] = {"norm_out": bad}
+            else:
+                args[name] = bad
+            with pytest.raises(arbiter.ArbiterError) as e:
+                comm.allreduce_fusion(x, args["residual"], args["weight"], out=args["out"])
+            assert e.value.message.startswith(f"{name}: a TwoTensor without storage"), \
+                e.value.message
+        # Nested and mkldnn tensors: torch's own errors came out raw.
+        with pytest.raises(arbiter.ArbiterError, match="x: a nested tensor"):
+            comm.allreduce_fusion(torch.nested.nested_tensor([x[0], x[1]]), residual, weight)
+        dense = inputs(dtype=torch.float32)[0]
+        with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN,
+                                  dtype="fp32") as fp32:
+            with pytest.raises(arbiter.ArbiterError, match="torch cannot make outputs like"):
+                fp32.allreduce_fusion(dense.to_mkldnn())
+            with pytest.raises(arbiter.ArbiterError, match="a tensor arbiter cannot read"):
+                fp32.allreduce_fusion(dense.to_mkldnn(), out={"allreduce_out": dense})
+        # An empty call (0 tokens) has data_ptr() 0 too, and runs.
+        empty = torch.empty(0, HIDDEN, dtype=torch.bfloat16)
+        comm.allreduce_fusion(empty, empty.clone(), weight)
+
+
 def test_negative_views_are_refused_not_read_without_their_sign(comm):
     # torch._neg_view shares its base's memory and negates on read; read
     # through data_ptr() it lost its sign: a call returned x + residual where
@@ -263,6 +331,29 @@ def test_a_process_group_as_the_oob_points_to_from_process_group():
         arbiter.Communicator.from_process_group(hidden=HIDDEN, dtype="bf16")
 
 
+def test_from_process_group_refuses_a_destroyed_group_as_an_arbiter_error(tmp_path):
+    # torch's ValueError ("Group ... is not registered") came out raw.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch.distributed as dist, arbiter\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, "
+        "world_size=1)\n"
+        "group = dist.new_group([0], backend='gloo')\n"
+        "dist.destroy_process_group(group)\n"
+        "try:\n"
+        "    arbiter.Communicator.from_process_group(group, hidden=64, dtype='fp32')\n"
+        "except arbiter.ArbiterError as e:\n"
+        "    print('ArbiterError', e.message)\n"
+        "dist.destroy_process_group()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ArbiterError from_process_group: torch.distributed does not know the group" in \
+        done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no CUDA device")
 def test_a_cuda_device_where_torch_sees_none_is_unavailable_not_a_torch_error():
     from arbiter._process_group import rank_device
@@ -368,14 +459,36 @@ def test_torch_compile_with_inductor_matches_eager(comm):
             assert torch.equal(got, expected)
 
 
-def test_the_fake_implementation_refuses_bad_shapes_while_tracing(comm):
+def test_a_compiled_call_refuses_what_the_eager_call_refuses_where_it_runs(comm):
+    # Refused while tracing, the call never reached the peers, which waited
+    # out their deadline (torch_worker's refusals scenario: joined now). The
+    # compiled call refuses as it runs, with the eager call's error.
     def model(x, residual, weight):
         return comm.allreduce_fusion(x, residual, weight).norm_out
 
     torch._dynamo.reset()
     x, residual, weight = inputs()
-    with pytest.raises(Exception, match="weight: shape \\(32,\\), expected \\(64,\\)"):
+    with pytest.raises(arbiter.ArbiterError, match=r"weight: shape \(32,\), expected \(64,\)"):
         torch.compile(model, fullgraph=True, backend="eager")(x, residual, weight[:32])
+
+
+def test_a_numpy_scale_is_taken_eager_and_compiled_alike():
+    import numpy as np
+
+    def model(x, residual, weight, scale):
+        return comm.allreduce_fusion(x, residual, weight, pattern="residual_rmsnorm_fp8",
+                                     scale=scale).quant_out
+
+    with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN,
+                              dtype="fp32") as comm, torch.no_grad():
+        x, residual, weight = inputs(dtype=torch.float32, seed=7)
+        eager = model(x, residual.clone(), weight, np.float32(0.5))
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")(
+            x, residual.clone(), weight, np.float32(0.5))
+        assert torch.equal(eager.view(torch.uint8), compiled.view(torch.uint8))
+        assert torch.equal(eager.view(torch.uint8),
+                           model(x, residual.clone(), weight, 0.5).view(torch.uint8))
 
 
 def test_a_dispatch_mode_sees_the_op(comm):

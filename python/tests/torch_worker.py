@@ -262,8 +262,9 @@ def scenario_registered(outdir: str) -> None:
 
 def scenario_refusals(outdir: str) -> None:
     """Rank 1 makes calls that arbiter.torch refuses on it alone, through
-    the eager path and the op (a wrong dtype, a pattern outside 0..3, a
-    scale or eps beyond any float, a negative view): each
+    the eager path, the op and a compiled model (a wrong dtype, a pattern
+    outside 0..3, a scale or eps beyond any float, a negative view, a weight
+    of another shape): each
     joins its peers, whose call raises MISMATCH naming rank 1, and the call
     after each is in step and exact on both ranks."""
     import arbiter.torch as arbiter_torch
@@ -293,10 +294,21 @@ def scenario_refusals(outdir: str) -> None:
         def eager_negative_view():
             comm.allreduce_fusion(torch._neg_view(mine) if comm.rank == 1 else mine)
 
+        # Refused while tracing on rank 1 alone, the call never reached rank
+        # 0, which waited out its deadline on a communicator left unusable.
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, r, w: comm.allreduce_fusion(x, r, w).norm_out,
+                                 fullgraph=True, backend="eager")
+
+        def compiled_bad_weight():
+            compiled(mine, residual.clone(),
+                     weight[: HIDDEN // 2].contiguous() if comm.rank == 1 else weight)
+
         for name, bad in (("eager dtype", eager_bad_dtype), ("op pattern", op_bad_pattern),
                           ("eager scale 10**400", eager_huge_scale),
                           ("eager eps 10**400", eager_huge_eps),
-                          ("eager negative view", eager_negative_view)):
+                          ("eager negative view", eager_negative_view),
+                          ("compiled weight shape", compiled_bad_weight)):
             try:
                 bad()
                 fail(f"{name}: rank {comm.rank}'s call succeeded")
