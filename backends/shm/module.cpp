@@ -419,7 +419,19 @@ std::int32_t alloc_registered(arbiter_workspace* handle, std::uint64_t bytes, vo
     Workspace& workspace = *from_handle(handle);
     if (Status status = workspace.usable(); !status.ok()) return status;
     if (workspace.oob == nullptr) return {ARBITER_INTERNAL, "shm alloc: the workspace has no oob"};
-    return workspace.registered.allocate(*workspace.oob, workspace.timeout_ms(), bytes, local);
+    const Status status =
+        workspace.registered.allocate(*workspace.oob, workspace.timeout_ms(), bytes, local);
+    if (!status.ok() && workspace.aborted()) {
+      // abort() came while the exchanges waited: the peers refused their
+      // allocation at once because of it, so what failed here is this
+      // rank's own abort, not a peer.
+      return {ARBITER_ABORTED,
+              "shm alloc: aborted (abort() was called on this rank while this allocation waited "
+              "for its peers, which then refused theirs; an allocation in progress is not cut "
+              "short, so it returned at its deadline): " +
+                  status.message()};
+    }
+    return status;
   });
 }
 

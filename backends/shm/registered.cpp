@@ -102,7 +102,10 @@ Status RegisteredMemory::allocate(const arbiter_oob& oob, std::int64_t timeout_m
     }
     std::vector<Report> reports(ranks);
     code = oob.allgather(oob.ctx, &report, reports.data(), sizeof(Report), timeout_ms);
-    if (oob.rank == 0) shm_unlink(name.c_str());  // everyone holds it, or gave up
+    // Everyone holds it, or gave up: rank 0 removes the name, and after a
+    // failed exchange so does every rank that knows it (rank 0 may have
+    // stopped or died after the others mapped it, and would leave it behind).
+    if (oob.rank == 0 || code != ARBITER_OK) shm_unlink(name.c_str());
     Status failed;
     if (code != ARBITER_OK) {
       failed = oob_failed(oob, code, "allgather of results");

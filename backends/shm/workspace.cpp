@@ -245,10 +245,12 @@ Status fault_status(const Fault& fault, std::int32_t self, bool self_aborted,
                   std::to_string(fault.reporter) + ") " + when + kNoLongerUsable};
     case FaultKind::kTimeout:
     default: {
-      const std::string who =
-          fault.reporter == self ? std::string("this rank") : rank_text(fault.reporter);
+      // A peer's own timeout, which may differ from this rank's: not named.
+      const std::string who = fault.reporter == self
+                                  ? "this rank gave up after " + std::to_string(timeout_ms) + " ms"
+                                  : rank_text(fault.reporter) + " gave up (at its timeout)";
       return {ARBITER_PEER_FAILED,
-              prefix + who + " gave up after " + std::to_string(timeout_ms) + " ms waiting for " +
+              prefix + who + " waiting for " +
                   (fault.culprit < 0 ? std::string("a peer") : rank_text(fault.culprit)) +
                   " (it did not arrive: stopped, hung, or making a call the others do not make) " +
                   when + kNoLongerUsable};

@@ -336,8 +336,10 @@ Status create_workspace(const arbiter_oob& oob, const arbiter_workspace_spec& sp
   std::vector<Report> reports(ranks);
   common::FaultInjection::get().at("shm.create.mapped", oob.rank, 0);
   code = oob.allgather(oob.ctx, &report, reports.data(), sizeof(Report), timeout);
-  // 4. Nobody opens it by name any more.
-  if (spec.rank == 0) shm_unlink(name.c_str());
+  // 4. Nobody opens it by name any more. Rank 0 removes the name; after a
+  // failed exchange every rank that knows it does too (rank 0 may have
+  // stopped or died after the others mapped it, and would leave it behind).
+  if (spec.rank == 0 || code != ARBITER_OK) shm_unlink(name.c_str());
   if (code != ARBITER_OK) {
     if (base != nullptr) munmap(base, layout.total);
     return oob_failed(oob, code, "allgather of mapping results");

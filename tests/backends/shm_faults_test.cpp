@@ -229,6 +229,70 @@ BOOST_AUTO_TEST_CASE(a_peer_that_dies_mid_call_is_named_within_a_second_and_surv
   }
 }
 
+// Ranks may be given different timeouts. A peer that gave up at its own
+// was reported with this rank's ("rank 0 gave up after 30000 ms" where rank
+// 0 waited 300 ms): a peer's timeout is not named.
+BOOST_AUTO_TEST_CASE(a_peer_that_gave_up_is_not_given_this_ranks_timeout) {
+  run_group(2, [&](int rank, const arbiter_oob& oob) -> std::string {
+    std::string problem;
+    arbiter_workspace* workspace = create(oob, rank == 0 ? 300 : 30000, problem);
+    if (workspace == nullptr) return problem;
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    Exact exact;
+    const std::int32_t status =
+        exact.run(rank, 2, workspace, ARBITER_ALGORITHM_ONESHOT, 4, 0, problem);
+    const std::string message = shm().last_error();
+    shm().workspace_destroy(workspace);
+    if (rank == 0 && (status != ARBITER_TIMEOUT || !contains(message, "timed out after 300 ms"))) {
+      return "status " + std::to_string(status) + ": " + message;
+    }
+    if (rank == 1 && (status != ARBITER_PEER_FAILED ||
+                      !contains(message, "rank 0 gave up (at its timeout) waiting for rank 1") ||
+                      contains(message, "30000"))) {
+      return "status " + std::to_string(status) + ": " + message;
+    }
+    return "";
+  });
+}
+
+// abort() while this rank's allocation waits for its peers: they refuse
+// theirs at once (the communicator is aborted), so the exchange ends at the
+// deadline; that is this rank's own abort, said as ARBITER_ABORTED, not a
+// TIMEOUT blaming the peer that refused.
+BOOST_AUTO_TEST_CASE(an_allocation_aborted_while_it_waits_says_so) {
+  run_group(2, [&](int rank, const arbiter_oob& oob) -> std::string {
+    std::string problem;
+    arbiter_workspace* workspace = create(oob, 1500, problem);
+    if (workspace == nullptr) return problem;
+    void* area = nullptr;
+    std::int32_t status = ARBITER_OK;
+    std::string message;
+    if (rank == 0) {
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        shm_faults().abort(workspace);
+      });
+      status = shm_memory().alloc(workspace, 4096, &area);
+      message = shm().last_error();
+      aborter.join();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+      status = shm_memory().alloc(workspace, 4096, &area);
+      message = shm().last_error();
+    }
+    shm().workspace_destroy(workspace);
+    if (rank == 0 &&
+        (status != ARBITER_ABORTED ||
+         !contains(message, "abort() was called on this rank while this allocation"))) {
+      return "status " + std::to_string(status) + ": " + message;
+    }
+    if (rank == 1 && (status != ARBITER_PEER_FAILED || !contains(message, "rank 0 aborted"))) {
+      return "status " + std::to_string(status) + ": " + message;
+    }
+    return "";
+  });
+}
+
 // A timeout meant as "never" (1e10 s) waits: now() + 1e13 ms overflowed
 // the clock's nanoseconds, and the first call that waited at all timed out
 // at once, leaving the workspace unusable.

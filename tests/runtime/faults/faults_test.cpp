@@ -315,6 +315,22 @@ BOOST_AUTO_TEST_CASE(a_rank_that_dies_during_creation_fails_it_promptly_and_by_n
   BOOST_TEST(shm_objects() == before);
 }
 
+// Rank 0 creates the shared memory and removes its name once every rank has
+// mapped it: when rank 0 dies after the others mapped it, the survivors'
+// failed creation removes the name instead (it was left in /dev/shm).
+BOOST_AUTO_TEST_CASE(a_creator_that_dies_after_its_peers_mapped_the_memory_leaves_nothing) {
+  const int before = shm_objects();
+  // (The survivors' own group dies the same way: its rank 0 is armed too.)
+  const Run run = start(3, "create", "0:shm.create.mapped:kill", 0);
+  for (int r = 1; r < 3; ++r) {
+    const std::string failed = line_with(run.outputs[r], "creation failed");
+    BOOST_TEST(contains(failed, "rank 0 disconnected"), run.all);
+    const double waited = seconds_after(run.outputs[r], "creation failed");
+    BOOST_TEST((waited >= 0 && waited <= 3.0), "waited " << waited << " s: " << failed);
+  }
+  BOOST_TEST(shm_objects() == before, run.all);
+}
+
 // abort() from another thread on rank 0 while its call waits on the last
 // rank: rank 0's call returns ARBITER_ABORTED within 100 ms, rank 1's (3
 // ranks) ARBITER_PEER_FAILED naming rank 0 within a second, the late rank's
