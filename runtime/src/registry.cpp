@@ -1,10 +1,15 @@
 #include "arbiter/registry.h"
 
 #include <dlfcn.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string_view>
 
 #include "nccl_library.h"
@@ -46,6 +51,66 @@ std::string module_error(const arbiter_backend_v1_t* b) {
   const char* m = b->last_error ? b->last_error() : nullptr;
   return m && *m ? m : "no reason given";
 }
+
+// A module that crashes in its constructor or probe() takes the process
+// down with it; while one is opened and probed, a crash first names the
+// file on stderr, then goes to whatever handled the signal before (the
+// default: the core dump, the exit status a launcher reports).
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+constexpr const char* kCrashNames[] = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"};
+constexpr int kCrashCount = sizeof kCrashSignals / sizeof kCrashSignals[0];
+struct sigaction g_before[kCrashCount];
+std::atomic<const char*> g_loading{nullptr};
+std::mutex g_loading_lock;  // one module at a time: g_before holds one set
+
+void write_text(const char* s) {
+  for (std::size_t n = std::strlen(s); n > 0;) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+extern "C" void on_module_crash(int sig) {
+  // Async-signal-safe only: write(2) and sigaction(2).
+  int i = 0;
+  while (i < kCrashCount && kCrashSignals[i] != sig) ++i;
+  if (const char* path = g_loading.load()) {
+    write_text("arbiter: ");
+    write_text(i < kCrashCount ? kCrashNames[i] : "a signal");
+    write_text(" while loading the backend module ");
+    write_text(path);
+    write_text(" (in its constructor or probe(): a bug in that module; remove it from the plugin "
+               "folder or ARBITER_PLUGIN_PATH)\n");
+  }
+  if (i < kCrashCount) sigaction(sig, &g_before[i], nullptr);
+  // Delivered again to the handler before (the default ends the process
+  // now); a real fault, if that one returns, re-runs under it.
+  raise(sig);
+}
+
+// Names `path` on stderr if the process crashes while this lives.
+class CrashNote {
+ public:
+  explicit CrashNote(const std::string& path) : lock_(g_loading_lock) {
+    g_loading.store(path.c_str());
+    struct sigaction note {};
+    note.sa_handler = on_module_crash;
+    sigemptyset(&note.sa_mask);
+    note.sa_flags = SA_NODEFER;
+    for (int i = 0; i < kCrashCount; ++i) sigaction(kCrashSignals[i], &note, &g_before[i]);
+  }
+  ~CrashNote() {
+    for (int i = 0; i < kCrashCount; ++i) sigaction(kCrashSignals[i], &g_before[i], nullptr);
+    g_loading.store(nullptr);
+  }
+  CrashNote(const CrashNote&) = delete;
+  CrashNote& operator=(const CrashNote&) = delete;
+
+ private:
+  std::lock_guard<std::mutex> lock_;
+};
 
 }  // namespace
 
@@ -100,6 +165,8 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     }
   }
   auto handle = std::make_unique<Handle>();
+  // Until probe() has answered: its constructors and probe() run here.
+  std::optional<CrashNote> crash_note(std::in_place, info.path);
   dlerror();
   handle->dl = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle->dl) {
@@ -194,6 +261,7 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
   std::int32_t status = ARBITER_OK;
   try {
     status = entry->probe(&options.probe, &caps);
+    crash_note.reset();
   } catch (...) {
     // Across a C ABI that is the module's bug; it costs the module, not
     // the rest of discovery.
@@ -204,6 +272,11 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
   if (status != ARBITER_OK) {
     if (info.footprint != nullptr) handles.push_back(std::move(handle));  // still sizes
     return record("probe failed: " + module_error(entry));
+  }
+  if (caps.device_kind != ARBITER_DEVICE_CPU && caps.device_kind != ARBITER_DEVICE_GPU) {
+    return record("probe answered caps.device_kind " + std::to_string(caps.device_kind) +
+                  ", which names no device kind (ARBITER_DEVICE_CPU or ARBITER_DEVICE_GPU; a bug "
+                  "in the module)");
   }
   if (caps.device_kind != options.probe.device_kind) {
     return record(std::string("probe answered for a ") +

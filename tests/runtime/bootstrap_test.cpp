@@ -207,6 +207,9 @@ BOOST_AUTO_TEST_CASE(a_stranger_without_the_token_is_refused_and_the_job_complet
   BOOST_TEST(contains(out, "stranger: rank 1 FAILED: bootstrap: rank 0 at 127.0.0.1:" +
                                std::to_string(port) + " refused rank 1: wrong job token"),
              out);
+  // A token nobody set comes from MASTER_ADDR as written: the hint says so
+  // (ranks that spelled it localhost and 127.0.0.1 were told of another job).
+  BOOST_TEST(contains(out, "so every rank must spell MASTER_ADDR alike"), out);
   BOOST_TEST(contains(out,
                       "[rank 0] arbiter bootstrap: rank 0 refused a connection from "
                       "127.0.0.1:"),

@@ -713,7 +713,10 @@ bool StarGroup::try_connect(Clock::time_point deadline, std::string* last_error)
                          "bootstrap: rank 0 at " + master() + " refused " + where() + ": " +
                              answer->text() +
                              " (hint: every rank of a job must see the same WORLD_SIZE and "
-                             "ARBITER_JOB_TOKEN; is another job using this MASTER_PORT?)");
+                             "ARBITER_JOB_TOKEN; without ARBITER_JOB_TOKEN the token comes from "
+                             "MASTER_ADDR, MASTER_PORT and WORLD_SIZE as written, so every rank "
+                             "must spell MASTER_ADDR alike (not localhost on one rank and "
+                             "127.0.0.1 on another); is another job using this MASTER_PORT?)");
   }
   if (answer) {
     throw BootstrapError(static_cast<arbiter_status>(answer->header.status),

@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE runtime_registry
 #include <boost/test/unit_test.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -65,6 +67,45 @@ BOOST_AUTO_TEST_CASE(search_path_entries_that_cannot_be_searched_are_named_with_
   BOOST_TEST(Registry::discover(o).search_error_message().empty());
 }
 
+// A module that crashes in its constructor or probe() ends the process (no
+// loader can survive that in-process), but first names its file on stderr,
+// then dies of the same signal: it died silently, exit 139, nothing said.
+BOOST_AUTO_TEST_CASE(a_module_that_crashes_while_loading_is_named_before_the_process_dies) {
+  for (const char* name : {"ctor_crash", "probe_crash"}) {
+    BOOST_TEST_CONTEXT(name) {
+      const std::string path =
+          std::string(ARBITER_CRASHING_FAKE_DIR) + "/libarbiter-" + name + ".so";
+      int err[2];
+      BOOST_REQUIRE(pipe(err) == 0);
+      const pid_t child = fork();
+      BOOST_REQUIRE(child >= 0);
+      if (child == 0) {
+        dup2(err[1], STDERR_FILENO);
+        signal(SIGSEGV, SIG_DFL);  // not Boost.Test's, which would resume the suite here
+        DiscoverOptions o;
+        o.search_path = {path};
+        o.default_folder = false;
+        Registry::discover(o);
+        _exit(0);
+      }
+      close(err[1]);
+      std::string said;
+      char buffer[512];
+      for (ssize_t n; (n = read(err[0], buffer, sizeof buffer)) > 0;) said.append(buffer, n);
+      close(err[0]);
+      int status = 0;
+      BOOST_REQUIRE(waitpid(child, &status, 0) == child);
+      BOOST_TEST(WIFSIGNALED(status));
+      BOOST_TEST((WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV));
+      BOOST_TEST(has(said, "arbiter: SIGSEGV while loading the backend module " + path +
+                               " (in its constructor or probe()"),
+                 said);
+    }
+  }
+  // Loading over: a crash is no longer put on a module.
+  BOOST_TEST(discover_fakes().at("libarbiter-good.so").available);
+}
+
 BOOST_AUTO_TEST_CASE(a_good_module_is_available_with_its_caps) {
   auto m = discover_fakes();
   const ModuleInfo& good = m.at("libarbiter-good.so");
@@ -92,6 +133,11 @@ BOOST_AUTO_TEST_CASE(broken_modules_are_recorded_with_the_reason) {
                  "probe answered for a CPU when asked about a GPU rank"),
              m.at("libarbiter-cpu_answer.so").reason);
   // A probe that throws costs its module only: the others were loaded.
+  // A device kind that names none was reported as "answered for a GPU when
+  // asked about a GPU".
+  BOOST_TEST(has(m.at("libarbiter-odd_kind.so").reason,
+                 "probe answered caps.device_kind 77, which names no device kind"),
+             m.at("libarbiter-odd_kind.so").reason);
   BOOST_TEST(has(m.at("libarbiter-probe_throws.so").reason, "probe threw a C++ exception"),
              m.at("libarbiter-probe_throws.so").reason);
   BOOST_TEST(m.at("libarbiter-good.so").available);
