@@ -380,7 +380,8 @@ class Merger {
   static std::string value_text(const Cell& c) { return c.off ? "off" : format_size(c.max_bytes); }
 
   // A one-shot cap above the fusion cap that applies to every call the
-  // one-shot cell matches is dead weight: such calls are never fused. Said
+  // one-shot cell matches (and above every more specific one that applies to
+  // some of them) is dead weight: such calls are never fused. Said
   // of the cell whose file could have known better: not of a one-shot cell
   // whose cap a later file lowered (a site capping fusion below a default
   // one-shot cell means exactly that).
@@ -399,6 +400,23 @@ class Merger {
         }
       }
       if (!covering || covering->off || o.max_bytes <= covering->max_bytes) continue;
+      // A more specific fusion cell that some of its calls match (a dtype's,
+      // say) may let those fuse up to the one-shot cap: then it applies.
+      bool applies_somewhere = false;
+      for (const Cell& f : t_.fusion) {
+        const bool some_calls =
+            f.key.capability == o.key.capability && f.key.world_size == o.key.world_size &&
+            f.key.nodes <= 1 &&
+            (!f.key.pattern || !o.key.pattern || f.key.pattern == o.key.pattern) &&
+            (!f.key.dtype || !o.key.dtype || f.key.dtype == o.key.dtype) &&
+            (!f.key.residual || !o.key.residual || f.key.residual == o.key.residual) &&
+            (!f.key.buffers || !o.key.buffers || f.key.buffers == o.key.buffers);
+        if (some_calls && f.key.specificity() > covering->key.specificity() && !f.off &&
+            f.max_bytes >= o.max_bytes) {
+          applies_somewhere = true;
+        }
+      }
+      if (applies_somewhere) continue;
       const Origin* oneshot_at = t_.find_origin(o.origin);
       const Origin* fusion_at = t_.find_origin(covering->origin);
       const bool lowered_later = oneshot_at && fusion_at && fusion_at->file != oneshot_at->file &&

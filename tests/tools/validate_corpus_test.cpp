@@ -134,9 +134,10 @@ const std::vector<BadCase> kBadCases = {
 // clang-format on
 
 const std::vector<std::string> kGoodFiles = {
-    "gb300_nvl72_nodes.yaml",  "max_off.yaml",      "capability_spellings.yaml",
-    "backend_rules.yaml",      "cpu_cap_4mib.yaml", "residual_replicated.yaml",
-    "registered_buffers.yaml",
+    "gb300_nvl72_nodes.yaml",    "max_off.yaml",
+    "capability_spellings.yaml", "backend_rules.yaml",
+    "cpu_cap_4mib.yaml",         "residual_replicated.yaml",
+    "registered_buffers.yaml",   "oneshot_under_a_dtype_cap.yaml",
 };
 
 std::string lower(std::string s) {
