@@ -26,7 +26,8 @@ int cmd_validate(const Args& args) {
     std::cout << "usage: arbiter validate FILE...   (a FILE may be preset:NAME)\n"
                  "       arbiter validate            (the ARBITER_CONFIG stack with\n"
                  "                                    ARBITER_BACKENDS, as every consumer of\n"
-                 "                                    this environment loads it)\n"
+                 "                                    this environment loads it: the verdict\n"
+                 "                                    is the stack's)\n"
                  "exit 0: every file is valid; 1: some file is not; 2: usage error, or a file\n"
                  "that cannot be read\n\n"
               << desc;
@@ -53,6 +54,10 @@ int cmd_validate(const Args& args) {
     layered = true;
   }
   int invalid = 0, unreadable = 0;
+  // From the environment the verdict is the stack's, as every consumer
+  // loads it: a file may lack what a later one supplies (a threshold rule's
+  // oneshot_max_total), so its errors alone wait for the stack's verdict.
+  std::vector<std::pair<std::string, std::vector<Diagnostic>>> invalid_alone;
   for (const std::string& path : files) {
     std::error_code ec;
     const bool preset = path.rfind(kPresetPrefix, 0) == 0;  // embedded: nothing to open
@@ -70,6 +75,10 @@ int cmd_validate(const Args& args) {
       continue;
     }
     const std::vector<Diagnostic> diagnostics = validate_file(path, over_default);
+    if (from_environment && files.size() > 1 && has_errors(diagnostics)) {
+      invalid_alone.emplace_back(path, diagnostics);
+      continue;
+    }
     for (const Diagnostic& d : diagnostics) std::cerr << d.to_string() << "\n";
     if (has_errors(diagnostics)) {
       ++invalid;
@@ -90,14 +99,29 @@ int cmd_validate(const Args& args) {
     options.with_default = over_default;
     options.site_files = files;
     const LoadResult r = Policy::load(options);
+    if (r.policy) {
+      for (const auto& [path, diagnostics] : invalid_alone) {
+        std::string first;
+        for (const Diagnostic& d : diagnostics) {
+          if (first.empty() && d.severity == Severity::kError) first = d.to_string();
+        }
+        std::cerr << "note: " << path << " is not valid alone (" << first
+                  << "), but the stack completes it\n";
+      }
+    } else {
+      for (const auto& [path, diagnostics] : invalid_alone) {
+        for (const Diagnostic& d : diagnostics) std::cerr << d.to_string() << "\n";
+      }
+    }
     // Each file's warnings were printed above; the stack adds its errors.
     for (const Diagnostic& d : r.diagnostics) {
       if (d.severity == Severity::kError) std::cerr << d.to_string() << "\n";
     }
     if (!r.policy) {
-      std::cerr << (backends_set ? "error: this environment's tables do not load (ARBITER_CONFIG="
-                                 : "error: each file is valid alone, but not layered in this "
-                                   "order (ARBITER_CONFIG=")
+      std::cerr << (backends_set || !invalid_alone.empty()
+                        ? "error: this environment's tables do not load (ARBITER_CONFIG="
+                        : "error: each file is valid alone, but not layered in this "
+                          "order (ARBITER_CONFIG=")
                 << stack << ")\n";
       return kExitFailed;
     }

@@ -295,6 +295,21 @@ BOOST_AUTO_TEST_CASE(validate_checks_the_stack_that_arbiter_config_makes) {
   r = run_arbiter("validate");
   BOOST_TEST(r.exit_code == 2, r.output);
   BOOST_TEST(contains(r.output, "or set ARBITER_CONFIG"), r.output);
+  // A file that lacks what a later one supplies: every consumer loads the
+  // stack, and validate of the environment said it did not.
+  std::ofstream(a) << "format: 1\nbackends: {trtllm: {algorithm: threshold}}\n";
+  std::ofstream(b) << "format: 1\nbackends: {trtllm: {oneshot_max_total: 1MiB}}\n";
+  r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + a + ":" + b + bin);
+  BOOST_TEST(r.exit_code == 0, r.output);
+  BOOST_TEST(contains(r.output, "note: " + a + " is not valid alone ("), r.output);
+  BOOST_TEST(contains(r.output, "but the stack completes it"), r.output);
+  BOOST_TEST(contains(r.output, "layered (ARBITER_CONFIG=" + a + ":" + b + "): valid"), r.output);
+  r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + b + ":" + a + bin);
+  BOOST_TEST(r.exit_code == 0, r.output);  // b's total still stands under a's rule
+  r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + a + ":" + a + bin);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "has no oneshot_max_total"), r.output);
+  BOOST_TEST(contains(r.output, "error: this environment's tables do not load"), r.output);
   std::remove(a.c_str());
   std::remove(b.c_str());
 }
