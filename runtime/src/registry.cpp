@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string_view>
+#include <type_traits>
 
 #include "nccl_library.h"
 
@@ -273,8 +274,11 @@ void Registry::Impl::load(const fs::path& path, const DiscoverOptions& options) 
     if (info.footprint != nullptr) handles.push_back(std::move(handle));  // still sizes
     return record("probe failed: " + module_error(entry));
   }
-  if (caps.device_kind != ARBITER_DEVICE_CPU && caps.device_kind != ARBITER_DEVICE_GPU) {
-    return record("probe answered caps.device_kind " + std::to_string(caps.device_kind) +
+  // Read as its bytes: a module may have stored any value in the enum.
+  std::underlying_type_t<arbiter_device_kind> kind;
+  std::memcpy(&kind, &caps.device_kind, sizeof kind);
+  if (kind != ARBITER_DEVICE_CPU && kind != ARBITER_DEVICE_GPU) {
+    return record("probe answered caps.device_kind " + std::to_string(kind) +
                   ", which names no device kind (ARBITER_DEVICE_CPU or ARBITER_DEVICE_GPU; a bug "
                   "in the module)");
   }
