@@ -3,8 +3,7 @@ device and contiguity straight from the tensor (no DLPack export), and on
 CUDA the stream from torch's current stream when the caller names none.
 
 Two entries:
-  - check(): every rule a call's tensors must meet, on metadata alone, so
-    the op's fake implementation (torch.compile's tracing) runs it too;
+  - check(): every rule a call's tensors must meet, on metadata alone;
   - run(): check() then one call of the C API, with the arguments packed
     into the communicator's own arbiter_allreduce_args. This is the eager
     path of Communicator.allreduce_fusion and the op's implementation.
@@ -73,6 +72,8 @@ def _refuse(t, what: str, shape: tuple, dtypes: tuple, device: int, hint: str = 
     if not isinstance(t, torch.Tensor):
         raise _invalid(f"{what}: a {type(t).__name__}; the other arguments are torch tensors, "
                        "pass torch tensors throughout")
+    if t.is_nested:
+        raise _invalid(f"{what}: a nested tensor; pass a dense one")
     got = _device_of(t)
     if got != device:
         where = _where(got) if got is not None else f"{t.device.type} memory"
@@ -96,10 +97,10 @@ def _neg(what: str):
 
 
 def _check(t, what: str, shape, dtype: torch.dtype, device: int) -> None:
-    try:  # free unless raised: a list has no .dtype, and _refuse says what it is
+    try:  # free unless raised: a list has no .dtype, a nested tensor no shape
         ok = (t.dtype is dtype and t.shape == shape and t.is_contiguous() and not t.is_neg()
               and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device))
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         ok = False
     if not ok:
         _refuse(t, what, shape, (dtype,), device)
@@ -109,7 +110,7 @@ def _check_bytes(t, what: str, shape: tuple, dtypes: tuple, device: int) -> None
     try:
         ok = (t.dtype in dtypes and t.shape == shape and t.is_contiguous() and not t.is_neg()
               and (t.is_cpu if device < 0 else t.is_cuda and t.get_device() == device))
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         ok = False
     if not ok:
         _refuse(t, what, shape, dtypes, device,
@@ -117,7 +118,7 @@ def _check_bytes(t, what: str, shape: tuple, dtypes: tuple, device: int) -> None
                 "values)" if torch.float8_e4m3fn in dtypes else "")
 
 
-def _refuse_grad(x, residual, weight, outs: tuple) -> None:
+def refuse_grad(x, residual, weight, outs: tuple) -> None:
     """A tensor that requires grad would be read or written behind autograd's
     back (no version bump, no grad_fn): a silently wrong gradient. torch's own
     in-place ops refuse such writes; arbiter refuses them all."""
@@ -156,7 +157,7 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
     can run on `comm`; returns the number of tokens. Reads metadata only."""
     dtype, device, hidden = comm._torch_dtype, comm.device, comm.hidden
     if torch.is_grad_enabled():  # inference runs without grad: no cost there
-        _refuse_grad(x, residual, weight, outs)
+        refuse_grad(x, residual, weight, outs)
     try:
         shape = x.shape
     except (AttributeError, RuntimeError):  # not a tensor; a nested tensor has no sizes
@@ -197,6 +198,7 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
                                "pass one float32")
             if scale.is_neg():
                 raise _neg("scale")
+            _storage_less((("scale", scale),))
         elif device >= 0:
             raise _invalid("scale: on a GPU rank, pass one float32 in device memory")
         elif not (type(scale) is float and _F32_TINIEST <= scale <= _F32_MAX):
@@ -246,8 +248,8 @@ def run(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_bi
     except Exception as refused:
         if not isinstance(refused, ArbiterError):  # torch's own, e.g. a tensor without storage
             refused = _invalid(f"a tensor arbiter cannot read ({type(refused).__name__}: "
-                               f"{str(refused).splitlines()[0] if str(refused) else ''}); pass "
-                               "dense tensors in host or CUDA memory")
+                               f"{(str(refused).splitlines() or [''])[0]}); pass dense tensors "
+                               "in host or CUDA memory")
         raise _library.join_refused(comm, False, refused)
     if stream is None and comm.device >= 0:
         stream = _current_stream(comm.device)

@@ -14,8 +14,9 @@ Communicator.op_handle, and writes only the outputs it declares mutated:
 
 In place as vLLM does it: norm_out=x, residual_out=residual. It runs on
 torch's current stream, so CUDA-graph capture records it, and its fake
-implementation checks shapes, dtypes and devices while torch.compile
-traces. It is registered with Library.define + impl (the dispatcher calls
+implementation refuses tensors that require grad while torch.compile
+traces (everything else is checked where the op runs, so that a refusal
+joins the peers). It is registered with Library.define + impl (the dispatcher calls
 the Python implementation directly), not torch.library.custom_op, whose
 per-call wrapper costs more.
 
@@ -115,11 +116,17 @@ def _impl(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_
 def _fake(comm, pattern, x, residual, weight, allreduce_out, residual_out, norm_out,
           quant_out=None, scale_out=None, scale=None, eps=1e-6, weight_bias=0.0,
           residual_replicated=False):
-    """Nothing to compute (the op returns nothing) and nothing refused: a
-    call refused while one rank traces never reaches its peers, which wait
-    out their deadline on a communicator left unusable. The compiled call
-    runs _impl, which refuses what check() refuses and joins the peers, as
-    the eager call does."""
+    """Nothing to compute (the op returns nothing). What a call's arguments
+    may differ in across ranks (shapes, dtypes, values) is not refused here:
+    refused while one rank traces, the call would never reach its peers,
+    which would wait out their deadline on a communicator left unusable. The
+    compiled call runs _impl, which refuses what check() refuses and joins
+    the peers, as the eager call does. Tensors that require grad are: that is
+    the program's, alike on every rank, and the compiled forward runs under
+    no_grad (AOTAutograd), where _impl can no longer see it."""
+    if torch.is_grad_enabled():
+        _torch_tensors.refuse_grad(x, residual, weight,
+                                   (allreduce_out, residual_out, norm_out, quant_out, scale_out))
 
 
 for _key in ("CPU", "CUDA"):
@@ -202,6 +209,8 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     # dispatch mode such as FakeTensorMode) and joins what it refuses itself.
     eager = not (_is_compiling() or type(x) is not _Tensor or _modes())
     try:
+        if not eager and getattr(x, "is_nested", False):  # a jagged one is a subclass
+            raise _invalid("x: a nested tensor; pass a dense (tokens, hidden) tensor")
         if pattern is None:
             code = 0 if residual is None and weight is None else 1
         elif type(pattern) is str and pattern in _PATTERNS:
@@ -212,8 +221,9 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
     except Exception as refused:
         if not isinstance(refused, ArbiterError):  # torch could not make outputs like x
             refused = _invalid(f"x: torch cannot make outputs like this {x.layout} tensor "
-                               f"({type(refused).__name__}: {str(refused).splitlines()[0]}); "
-                               "pass a strided (dense) tensor")
+                               f"({type(refused).__name__}: "
+                               f"{(str(refused).splitlines() or [''])[0]}); pass a strided "
+                               "(dense) tensor")
         if eager:  # a refused call joins its peers (_library.join_refused)
             raise _library_join(comm, False, refused)
         raise refused
@@ -223,10 +233,13 @@ def call(comm, x, residual, weight, eps, pattern, out, stream, scale, weight_bia
                            "the call runs on torch's current stream; instead of stream=, wrap "
                            "the call in `with torch.cuda.stream(s):`")
         if scale is not None and not isinstance(scale, _Tensor):
-            # A Python float is a constant of the program: checked as the
+            # A Python number is a constant of the program: checked as the
             # eager call checks it (torch.full overflowed to a compiler error
-            # on 1e300).
-            if type(scale) is float and not _F32_TINIEST <= scale <= _F32_MAX:
+            # on 1e300; True ran as 1.0). A numpy scalar is symbolic to
+            # torch.compile: its range cannot be compared while tracing.
+            if isinstance(scale, (bool, str, bytes)) or (
+                    type(scale) in (float, int) and
+                    not (abs(scale) < 2**129 and _F32_TINIEST <= float(scale) <= _F32_MAX)):
                 raise _invalid(f"scale {scale!r} must be a positive float within float32's "
                                "range")
             scale = torch.full((1,), float(scale), dtype=torch.float32, device=x.device)

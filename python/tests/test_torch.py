@@ -126,6 +126,21 @@ def test_tensors_that_require_grad_are_refused_while_grad_is_on(comm):
             assert r.norm_out is norm_out
 
 
+def test_a_compiled_call_refuses_tensors_that_require_grad_while_tracing(comm):
+    # AOTAutograd runs the compiled forward under no_grad, where the call
+    # cannot see grad mode: refused while tracing (the program's, alike on
+    # every rank), it was accepted and its part of the gradient dropped.
+    def model(x, residual, weight):
+        return comm.allreduce_fusion(x, residual, weight).norm_out + x
+
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        x, residual, weight = inputs(seed=8)
+        x.requires_grad_(True)
+        with pytest.raises(Exception, match="x requires grad"):
+            torch.compile(model, fullgraph=True, backend=backend)(x, residual, weight)
+
+
 def test_a_write_bumps_the_version_so_backward_refuses_what_it_saved_before(comm):
     # x needs no grad, so grad mode lets it through; autograd saved it for
     # p's gradient, then the call wrote norm_out into it. Its version never
@@ -179,9 +194,15 @@ def test_tensors_arbiter_cannot_read_are_refused_by_name(comm):
                 comm.allreduce_fusion(x, args["residual"], args["weight"], out=args["out"])
             assert e.value.message.startswith(f"{name}: a TwoTensor without storage"), \
                 e.value.message
-        # Nested and mkldnn tensors: torch's own errors came out raw.
-        with pytest.raises(arbiter.ArbiterError, match="x: a nested tensor"):
-            comm.allreduce_fusion(torch.nested.nested_tensor([x[0], x[1]]), residual, weight)
+        # Nested and mkldnn tensors: torch's own errors came out raw (a
+        # jagged one, a subclass, took the op and was not joined).
+        for layout in (torch.strided, torch.jagged):
+            with pytest.raises(arbiter.ArbiterError, match="x: a nested tensor"):
+                comm.allreduce_fusion(torch.nested.nested_tensor([x[0], x[1]], layout=layout),
+                                      residual, weight)
+        with pytest.raises(arbiter.ArbiterError, match="residual: a nested tensor"):
+            comm.allreduce_fusion(x[:2].contiguous(),
+                                  torch.nested.nested_tensor([residual[0], residual[1]]), weight)
         dense = inputs(dtype=torch.float32)[0]
         with arbiter.Communicator(SoloGroup(), rank=0, world_size=1, hidden=HIDDEN,
                                   dtype="fp32") as fp32:
@@ -489,6 +510,20 @@ def test_a_numpy_scale_is_taken_eager_and_compiled_alike():
         assert torch.equal(eager.view(torch.uint8), compiled.view(torch.uint8))
         assert torch.equal(eager.view(torch.uint8),
                            model(x, residual.clone(), weight, 0.5).view(torch.uint8))
+        # Refused alike: True ran compiled as 1.0; 10**40 and 1e300 failed
+        # to compile with torch's overflow error.
+        for bad in (True, 10**40, 1e300):
+            with pytest.raises(Exception, match=r"scale\b.*must be"):
+                model(x, residual.clone(), weight, bad)
+            torch._dynamo.reset()
+            with pytest.raises(Exception, match=r"scale\b.*must be"):
+                torch.compile(model, backend="eager")(x, residual.clone(), weight, bad)
+        # A scale without storage of its own is named (C said "scale is NULL").
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        one = torch.ones(1)
+        with pytest.raises(arbiter.ArbiterError, match="scale: a TwoTensor without storage"):
+            model(x, residual.clone(), weight, TwoTensor(one, one.clone()))
 
 
 def test_a_dispatch_mode_sees_the_op(comm):
