@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,14 +55,16 @@ std::string module_error(const arbiter_backend_v1_t* b) {
 }
 
 // A module that crashes in its constructor or probe() takes the process
-// down with it; while one is opened and probed, a crash first names the
-// file on stderr, then goes to whatever handled the signal before (the
-// default: the core dump, the exit status a launcher reports).
+// down with it; while one is opened and probed, a crash of the loading
+// thread first names the file on stderr, then goes to whatever handled the
+// signal before (the default: the core dump, the exit status a launcher
+// reports), with the fault's own details.
 constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 constexpr const char* kCrashNames[] = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"};
 constexpr int kCrashCount = sizeof kCrashSignals / sizeof kCrashSignals[0];
 struct sigaction g_before[kCrashCount];
 std::atomic<const char*> g_loading{nullptr};
+std::atomic<pid_t> g_loading_thread{0};
 std::mutex g_loading_lock;  // one module at a time: g_before holds one set
 
 void write_text(const char* s) {
@@ -73,38 +76,51 @@ void write_text(const char* s) {
   }
 }
 
-extern "C" void on_module_crash(int sig) {
-  // Async-signal-safe only: write(2) and sigaction(2).
+extern "C" void on_module_crash(int sig, siginfo_t* info, void*) {
+  // Async-signal-safe only: write(2), gettid, sigaction(2), raise(3).
   int i = 0;
   while (i < kCrashCount && kCrashSignals[i] != sig) ++i;
-  if (const char* path = g_loading.load()) {
+  const char* path = g_loading.load();
+  if (path != nullptr && static_cast<pid_t>(syscall(SYS_gettid)) == g_loading_thread.load()) {
     write_text("arbiter: ");
     write_text(i < kCrashCount ? kCrashNames[i] : "a signal");
     write_text(" while loading the backend module ");
     write_text(path);
-    write_text(" (in its constructor or probe(): a bug in that module; remove it from the plugin "
-               "folder or ARBITER_PLUGIN_PATH)\n");
+    write_text(
+        " (in its constructor or probe(): a bug in that module; remove it from the plugin "
+        "folder or ARBITER_PLUGIN_PATH)\n");
   }
   if (i < kCrashCount) sigaction(sig, &g_before[i], nullptr);
-  // Delivered again to the handler before (the default ends the process
-  // now); a real fault, if that one returns, re-runs under it.
-  raise(sig);
+  // A fault the hardware raised comes again when this returns, now to the
+  // handler before, with its own address and context; one sent by raise()
+  // or kill() (abort() included) must be sent again.
+  if (info == nullptr || info->si_code <= 0) raise(sig);
 }
 
-// Names `path` on stderr if the process crashes while this lives.
+// Names `path` on stderr if the loading thread crashes while this lives.
 class CrashNote {
  public:
   explicit CrashNote(const std::string& path) : lock_(g_loading_lock) {
     g_loading.store(path.c_str());
+    g_loading_thread.store(static_cast<pid_t>(syscall(SYS_gettid)));
     struct sigaction note {};
-    note.sa_handler = on_module_crash;
+    note.sa_sigaction = on_module_crash;
     sigemptyset(&note.sa_mask);
-    note.sa_flags = SA_NODEFER;
+    note.sa_flags = SA_SIGINFO | SA_NODEFER;
     for (int i = 0; i < kCrashCount; ++i) sigaction(kCrashSignals[i], &note, &g_before[i]);
   }
   ~CrashNote() {
-    for (int i = 0; i < kCrashCount; ++i) sigaction(kCrashSignals[i], &g_before[i], nullptr);
+    // Only where the note still stands: a handler the module (or a library
+    // it pulled in, or another thread) installed meanwhile is theirs to keep.
+    for (int i = 0; i < kCrashCount; ++i) {
+      struct sigaction now {};
+      if (sigaction(kCrashSignals[i], nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) &&
+          now.sa_sigaction == on_module_crash) {
+        sigaction(kCrashSignals[i], &g_before[i], nullptr);
+      }
+    }
     g_loading.store(nullptr);
+    g_loading_thread.store(0);
   }
   CrashNote(const CrashNote&) = delete;
   CrashNote& operator=(const CrashNote&) = delete;

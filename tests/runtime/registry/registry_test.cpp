@@ -102,8 +102,30 @@ BOOST_AUTO_TEST_CASE(a_module_that_crashes_while_loading_is_named_before_the_pro
                  said);
     }
   }
-  // Loading over: a crash is no longer put on a module.
-  BOOST_TEST(discover_fakes().at("libarbiter-good.so").available);
+  // Loading over: the handlers are the ones from before, except one a
+  // module installed while it loaded, which is its to keep (the note put
+  // back the one from before over it).
+  const pid_t child = fork();
+  BOOST_REQUIRE(child >= 0);
+  if (child == 0) {
+    auto handler = [] {
+      struct sigaction now {};
+      sigaction(SIGSEGV, nullptr, &now);
+      return reinterpret_cast<void*>(now.sa_handler);
+    };
+    signal(SIGSEGV, SIG_IGN);
+    discover_fakes();
+    if (handler() != reinterpret_cast<void*>(SIG_IGN)) _exit(1);
+    DiscoverOptions o;
+    o.search_path = {std::string(ARBITER_CRASHING_FAKE_DIR) + "/libarbiter-crash_handler_owner.so"};
+    o.default_folder = false;
+    Registry::discover(o);
+    _exit(handler() == reinterpret_cast<void*>(SIG_IGN) ? 2 : 0);
+  }
+  int status = 0;
+  BOOST_REQUIRE(waitpid(child, &status, 0) == child);
+  BOOST_TEST(WIFEXITED(status));
+  BOOST_TEST(WEXITSTATUS(status) == 0, "1: a handler from before was lost; 2: the module's was");
 }
 
 BOOST_AUTO_TEST_CASE(a_good_module_is_available_with_its_caps) {

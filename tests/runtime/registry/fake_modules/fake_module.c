@@ -5,7 +5,8 @@
  *   7 a required entry is NULL    8 probe answers for a CPU when asked
  *                                   about a GPU
  *   9 probe answers a device kind that names none
- *  10 crashes (SIGSEGV) in its constructor, 11 in probe() */
+ *  10 crashes (SIGSEGV) in its constructor, 11 in probe()
+ *  12 good, but installs a SIGSEGV handler of its own when loaded */
 #include <signal.h>
 
 #include "fake_backend.h"
@@ -14,6 +15,11 @@
 
 #if FAKE_KIND == 10
 __attribute__((constructor)) static void fake_crash_on_load(void) { raise(SIGSEGV); }
+#elif FAKE_KIND == 12
+static void fake_own_handler(int sig) { (void)sig; }
+__attribute__((constructor)) static void fake_install_handler(void) {
+  signal(SIGSEGV, fake_own_handler);
+}
 #endif
 static __attribute__((unused)) int32_t fake_probe_odd(const arbiter_probe_args* a,
                                                       arbiter_backend_caps* c) {
