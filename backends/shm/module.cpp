@@ -98,6 +98,11 @@ Status check_run(const Workspace& workspace, const arbiter_allreduce_args* args,
   if (a.pattern != ARBITER_PATTERN_ALLREDUCE) {
     if (a.gamma == nullptr) return missing("gamma");
   }
+  // As the GPU modules require (arbiter_backend.h): without it the call ran
+  // a whole collective, wrote no norm, and returned success.
+  if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM && a.norm_out == nullptr) {
+    return missing("norm_out (residual_rmsnorm writes its norm there)");
+  }
   if (a.pattern == ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8) {
     if (a.quant_out == nullptr) return missing("quant_out");
     if (a.scale == nullptr) return missing("scale");

@@ -176,7 +176,8 @@ Status Workspace::meet(std::uint32_t parity, std::uint64_t value, const common::
                     "the input's memory: rank " + std::to_string(registered_differs) + " has " +
                         text(their_key) + ", rank " + std::to_string(rank_) + " has " +
                         text(registered_key) +
-                        " (every rank passes the same comm.empty() allocation at the same offset, "
+                        " (every rank passes the same registered allocation (arbiter_comm_alloc, "
+                        "comm.empty()) at the same offset, "
                         "with the same in-place outputs, or none does)",
                     call)};
   }

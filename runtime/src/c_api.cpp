@@ -20,9 +20,13 @@ struct arbiter_policy {
 };
 
 struct arbiter_comm {
-  // Declared first so that it is destroyed last: destroying the
-  // communicator is collective over the group's oob.
+  // Declared first so that they are destroyed last: destroying the
+  // communicator is collective over the group's oob. The caller's oob is
+  // copied: C code builds it on the stack of a setup function, and the
+  // communicator calls it for as long as it lives (its ctx must live as
+  // long; the struct need not).
   std::shared_ptr<arbiter::Bootstrap> bootstrap;
+  arbiter_oob oob{};
   std::optional<arbiter::Registry> registry;  // set before comm, which refers to it
   std::unique_ptr<arbiter::Communicator> comm;
   int device = -1;
@@ -267,6 +271,12 @@ bool valid_options(const arbiter_comm_options& in) {
     g_last_error = "options: unknown dtype " + std::to_string(dtype);
     return false;
   }
+  if (in.timeout_ms < 0) {
+    g_last_error = "options: timeout_ms " + std::to_string(in.timeout_ms) +
+                   " is negative; 0 means the default (60 s), and any value above 30 days waits "
+                   "30 days (for \"never\", give INT64_MAX)";
+    return false;
+  }
   if (in.nvlink_domain > ARBITER_NVLINK_NO) {
     g_last_error = "options: nvlink_domain " + std::to_string(in.nvlink_domain) +
                    " is none of ARBITER_NVLINK_AUTO (0), _YES (1), _NO (2)";
@@ -341,7 +351,7 @@ int32_t create_into(std::unique_ptr<arbiter_comm>& comm, const arbiter_oob& oob,
   arbiter::DiscoverOptions d = arbiter::DiscoverOptions::from_environment();
   d.probe = {o.capability.is_cpu() ? ARBITER_DEVICE_CPU : ARBITER_DEVICE_GPU, o.device};
   comm->registry.emplace(arbiter::Registry::discover(d));
-  comm->device = o.device;
+  comm->device = o.capability.is_cpu() ? -1 : o.device;  // the header: -1 for CPU ranks
   // The caller's mistake, not an unavailable group.
   if (oob.size < 1 || oob.rank < 0 || oob.rank >= oob.size || !oob.allgather || !oob.broadcast ||
       !oob.barrier) {
@@ -368,7 +378,8 @@ int32_t arbiter_comm_create(const arbiter_oob* oob, const arbiter_policy* policy
     if (!oob || !policy || !options || !out) return fail(ARBITER_INVALID_ARGUMENT, "NULL argument");
     if (!valid_options(*options)) return int32_t{ARBITER_INVALID_ARGUMENT};
     auto comm = std::make_unique<arbiter_comm>();
-    return create_into(comm, *oob, *policy, to_options(*options), out);
+    comm->oob = *oob;
+    return create_into(comm, comm->oob, *policy, to_options(*options), out);
   });
 }
 

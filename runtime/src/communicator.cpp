@@ -683,14 +683,15 @@ void Communicator::Impl::create(const Registry& registry) {
     // the last backend dropped.
     const std::string& why =
         fallback == Backend::kNone ? std::string() : no_workspace[static_cast<int>(fallback)];
-    throw CommunicatorError(std::string("the fallback backend ") +
-                            std::string(backend_name(fallback)) +
-                            " is not usable on every rank, so calls the fused backends cannot "
-                            "take would have nowhere to go: " +
-                            (!why.empty()      ? std::string(backend_name(fallback)) + ": " + why
-                             : dropped.empty() ? std::string("no backend was dropped")
-                                               : "backends dropped: " + dropped.back()) +
-                            " (see `arbiter plugins`)");
+    throw CommunicatorError(
+        std::string("the fallback backend ") + std::string(backend_name(fallback)) +
+        " is not usable on every rank, so calls the fused backends cannot "
+        "take would have nowhere to go: " +
+        (!why.empty()      ? std::string(backend_name(fallback)) + ": " + why
+         : dropped.empty() ? std::string("no backend was dropped")
+                           : "backends dropped: " + dropped.back()) +
+        // A missing module's reason says it already.
+        (why.find("see `arbiter plugins`") == std::string::npos ? " (see `arbiter plugins`)" : ""));
   }
   if (shared_gpu_test && oob.rank == 0) {
     std::cerr << "arbiter: shared-GPU test mode (" << kSharedGpuVariable
@@ -1081,7 +1082,8 @@ std::int32_t Communicator::Impl::run_in_slices(Backend b, arbiter_allreduce_args
       if (owner != this && p >= other.data && p < other.data + other.bytes) {
         error =
             "the input lies in memory registered with another communicator; allocate it with "
-            "this communicator's alloc_registered()/empty(), or copy it into unregistered memory";
+            "this communicator's (arbiter_comm_alloc, alloc_registered(), Python's empty()), or "
+            "copy it into unregistered memory";
         return ARBITER_INVALID_ARGUMENT;
       }
     }

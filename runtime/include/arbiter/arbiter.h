@@ -132,12 +132,15 @@ typedef struct arbiter_comm_options {
    * pattern outside the mask. Bits above ARBITER_PATTERN_RESIDUAL_RMSNORM_FP4
    * are ARBITER_INVALID_ARGUMENT. */
   uint32_t pattern_mask;
-  int64_t timeout_ms; /* 0: 60 s; above 30 days: 30 days (a wait that long is "never") */
+  int64_t timeout_ms; /* 0: 60 s; above 30 days: 30 days (a wait that long is "never");
+                         negative: refused */
 } arbiter_comm_options;
 
 /* Collective over oob: loads the backend modules (ARBITER_PLUGIN_PATH and
  * the install's plugin folder), checks every rank has the same tables and
- * options, and creates the workspaces. The policy may be freed afterwards.
+ * options, and creates the workspaces. The policy may be freed afterwards;
+ * so may the oob struct (it is copied), but not what its ctx points to, nor
+ * its functions: the communicator calls them until it is destroyed.
  * A world size of 1 works (the fallback runs the epilogue on this rank).
  * ARBITER_TEST_SHARED_GPU=1 is the shared-GPU test mode of arbiter's own
  * tests and examples: ranks of several processes may share one GPU, and

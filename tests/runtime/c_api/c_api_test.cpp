@@ -307,15 +307,28 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   arbiter_comm_options o{};
   o.hidden = 8;
   o.dtype = ARBITER_DTYPE_FP32;
-  o.device = -1;
-  const arbiter_oob oob = single_rank_oob();
+  o.device = 5;  // means nothing on a CPU rank: get_info says -1, as the header does
+  // A negative timeout was read as the default (60 s); C code means "never" by it.
+  o.timeout_ms = -1;
   arbiter_comm* comm = nullptr;
-  BOOST_REQUIRE_MESSAGE(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_OK,
-                        arbiter_last_error());
+  const arbiter_oob solo = single_rank_oob();
+  BOOST_TEST(arbiter_comm_create(&solo, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(
+      std::string(arbiter_last_error()).find("timeout_ms -1 is negative") != std::string::npos,
+      arbiter_last_error());
+  o.timeout_ms = 0;
+  // The oob struct may die with the function that built it: the
+  // communicator kept a reference to it (garbage rank, then a crash).
+  auto* oob = new arbiter_oob(single_rank_oob());
+  BOOST_REQUIRE_MESSAGE(arbiter_comm_create(oob, p, &o, &comm) == ARBITER_OK, arbiter_last_error());
+  std::memset(static_cast<void*>(oob), 0xA5, sizeof *oob);
+  delete oob;
   arbiter_policy_free(p);
   arbiter_comm_info info{};
   BOOST_TEST(arbiter_comm_get_info(comm, &info) == ARBITER_OK);
   BOOST_TEST(info.world_size == 1);
+  BOOST_TEST(info.rank == 0);
+  BOOST_TEST(info.device == -1);
   BOOST_TEST(std::string(arbiter_backend_name(3)) == "shm");
   BOOST_TEST(info.backend_mask == (1u << 3));
   // One rank shares nothing: shm's workspace is private host memory, and it
@@ -358,6 +371,15 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
                         arbiter_last_error());
   BOOST_TEST(std::string(arbiter_backend_name(used.backend)) == "shm");
   BOOST_TEST(used.fused == 0u);
+  // No norm_out: the GPU modules refuse it; shm ran the collective, wrote no
+  // norm and returned success.
+  a.norm_out = nullptr;
+  BOOST_TEST(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(arbiter_last_error()).find("norm_out") != std::string::npos,
+             arbiter_last_error());
+  a.norm_out = norm_out.data();
+  BOOST_REQUIRE_MESSAGE(arbiter_comm_allreduce_fusion(comm, &a, nullptr, &used) == ARBITER_OK,
+                        arbiter_last_error());
   double squares = 0;
   for (int i = 0; i < 8; ++i) squares += double(x[i] + 1) * double(x[i] + 1);
   const double inv_rms = 1.0 / std::sqrt(squares / 8);
@@ -412,7 +434,7 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   o.pattern_mask = 1u << 7;
   BOOST_REQUIRE(arbiter_policy_from_environment(&p) == ARBITER_OK);
   comm = nullptr;
-  BOOST_TEST(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(arbiter_comm_create(&solo, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(std::string(arbiter_last_error()).find("pattern_mask 128") != std::string::npos);
   BOOST_TEST(comm == nullptr);
   // So is a communicator without a hidden size: the fused workspaces are
@@ -420,19 +442,19 @@ BOOST_AUTO_TEST_CASE(a_communicator_with_default_options_works_for_one_cpu_rank)
   // unfused without a word).
   o.pattern_mask = 0;
   o.hidden = 0;
-  BOOST_TEST(arbiter_comm_create(&oob, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
+  BOOST_TEST(arbiter_comm_create(&solo, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(std::string(arbiter_last_error()).find("hidden is 0: pass the model's hidden size") !=
                  std::string::npos,
              arbiter_last_error());
   BOOST_TEST(comm == nullptr);
   o.hidden = 8;
   // So is an oob without a function, or a rank outside its group.
-  arbiter_oob broken = oob;
+  arbiter_oob broken = solo;
   broken.barrier = nullptr;
   BOOST_TEST(arbiter_comm_create(&broken, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(std::string(arbiter_last_error()).find("a NULL function") != std::string::npos,
              arbiter_last_error());
-  broken = oob;
+  broken = solo;
   broken.rank = 5;
   BOOST_TEST(arbiter_comm_create(&broken, p, &o, &comm) == ARBITER_INVALID_ARGUMENT);
   BOOST_TEST(std::string(arbiter_last_error()).find("oob: rank 5 of 1") != std::string::npos,
