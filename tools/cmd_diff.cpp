@@ -43,8 +43,10 @@ std::vector<Difference> compare(const Policy& a, const Policy& b, const Request&
     const Decision& da = ba[i].decision;
     const Decision& db = bb[j].decision;
     if (!da.same_choice(db)) {
+      // The reasons too, as sweep's bands: each line's label is its own.
       if (!out.empty() && out.back().last + 1 == first && out.back().a.same_choice(da) &&
-          out.back().b.same_choice(db)) {
+          out.back().b.same_choice(db) && out.back().a.reason == da.reason &&
+          out.back().b.reason == db.reason) {
         out.back().last = last;
       } else {
         out.push_back({first, last, da, db});

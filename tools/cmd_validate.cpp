@@ -86,7 +86,13 @@ int cmd_validate(const Args& args) {
       std::cout << path << ": valid\n";
     }
   }
-  if (unreadable > 0) return kExitUsage;
+  auto print_all = [](const std::vector<Diagnostic>& diagnostics) {
+    for (const Diagnostic& d : diagnostics) std::cerr << d.to_string() << "\n";
+  };
+  if (unreadable > 0) {
+    for (const auto& [path, diagnostics] : invalid_alone) print_all(diagnostics);
+    return kExitUsage;
+  }
   // From the environment, ARBITER_BACKENDS counts too, as for every
   // consumer: a name it gets wrong fails every load, even over one file.
   const bool backends_set = from_environment && environment.backends_env.has_value();
@@ -99,18 +105,21 @@ int cmd_validate(const Args& args) {
     options.with_default = over_default;
     options.site_files = files;
     const LoadResult r = Policy::load(options);
-    if (r.policy) {
-      for (const auto& [path, diagnostics] : invalid_alone) {
-        std::string first;
-        for (const Diagnostic& d : diagnostics) {
-          if (first.empty() && d.severity == Severity::kError) first = d.to_string();
+    // A file deferred above: its warnings stand either way; its errors are
+    // a note where the stack completes it, and the stack's own otherwise
+    // (they come again below, from the stack).
+    for (const auto& [path, diagnostics] : invalid_alone) {
+      std::string first;
+      for (const Diagnostic& d : diagnostics) {
+        if (d.severity != Severity::kError) {
+          std::cerr << d.to_string() << "\n";
+        } else if (first.empty()) {
+          first = d.to_string();
         }
+      }
+      if (r.policy) {
         std::cerr << "note: " << path << " is not valid alone (" << first
                   << "), but the stack completes it\n";
-      }
-    } else {
-      for (const auto& [path, diagnostics] : invalid_alone) {
-        for (const Diagnostic& d : diagnostics) std::cerr << d.to_string() << "\n";
       }
     }
     // Each file's warnings were printed above; the stack adds its errors.

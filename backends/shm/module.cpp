@@ -426,7 +426,7 @@ std::int32_t alloc_registered(arbiter_workspace* handle, std::uint64_t bytes, vo
     if (workspace.oob == nullptr) return {ARBITER_INTERNAL, "shm alloc: the workspace has no oob"};
     const Status status =
         workspace.registered.allocate(*workspace.oob, workspace.timeout_ms(), bytes, local);
-    if (!status.ok() && workspace.aborted()) {
+    if (status.code() == ARBITER_TIMEOUT && workspace.aborted()) {
       // abort() came while the exchanges waited: the peers refused their
       // allocation at once because of it, so what failed here is this
       // rank's own abort, not a peer.

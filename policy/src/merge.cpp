@@ -402,6 +402,8 @@ class Merger {
       if (!covering || covering->off || o.max_bytes <= covering->max_bytes) continue;
       // A more specific fusion cell that some of its calls match (a dtype's,
       // say) may let those fuse up to the one-shot cap: then it applies.
+      // One-shot cells serve one node (single-node trtllm, cpu shm), so a
+      // cell keyed by 2 nodes or more never decides their calls.
       bool applies_somewhere = false;
       for (const Cell& f : t_.fusion) {
         const bool some_calls =

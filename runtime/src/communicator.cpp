@@ -157,9 +157,11 @@ struct RankFacts {
   std::uint32_t patterns[kBackendCount];  // each available module's caps.pattern_mask
   std::uint32_t flags[kBackendCount];     // and its caps.flags
   std::uint8_t check_calls;
-  std::uint8_t search_path_ok;     // every plugin search path entry could be searched
   char builds[kBackendCount][48];  // each available module's build ("" without one)
   ProcessIdentity process;         // differs by rank: not compared
+  // Last, and 0 when all is well: the fields above keep their offsets, so
+  // the builds' comparison still names a peer of an earlier build.
+  std::uint8_t search_path_failed;  // some plugin search path entry could not be searched
 };
 
 std::string build_text(const char (&build)[48]) {
@@ -179,10 +181,11 @@ void check_agreement(const std::vector<RankFacts>& all, const Registry& registry
   // Before any comparison: a skipped entry may be why modules differ.
   if (!registry.search_errors().empty()) throw CommunicatorError(registry.search_error_message());
   for (std::size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].search_path_ok) {
+    if (all[r].search_path_failed) {
       throw CommunicatorError("rank " + std::to_string(r) +
-                              " cannot search its plugin path (ARBITER_PLUGIN_PATH): an entry "
-                              "does not exist or cannot be read; its own error names it");
+                              " cannot search its plugin search path (ARBITER_PLUGIN_PATH, or "
+                              "DiscoverOptions::search_path): an entry does not exist or cannot "
+                              "be read; its own error names it");
     }
   }
   const RankFacts& a = all[0];
@@ -484,7 +487,8 @@ void Communicator::Impl::create(const Registry& registry) {
 
   // 1. Every rank decides identically only with identical tables, options
   // and backends: one exchange of everything that must agree.
-  RankFacts mine{};
+  RankFacts mine;
+  std::memset(&mine, 0, sizeof mine);  // padding too: the bytes go to every rank
   mine.fingerprint = policy.fingerprint();
   mine.capability = options.capability.code();
   mine.shared_gpu_test = shared_gpu_test ? 1 : 0;
@@ -496,7 +500,7 @@ void Communicator::Impl::create(const Registry& registry) {
   mine.topology = (options.nvlink_domain ? 1u : 0u) | (options.multicast ? 2u : 0u);
   mine.available = registry.available_mask();
   mine.check_calls = check_calls ? 1 : 0;
-  mine.search_path_ok = registry.search_errors().empty() ? 1 : 0;
+  mine.search_path_failed = registry.search_errors().empty() ? 0 : 1;
   mine.process = ProcessIdentity::own();
   for (int i = 0; i < kBackendCount; ++i) {
     if (const ModuleInfo* m = registry.info(static_cast<Backend>(i)); m && m->available) {

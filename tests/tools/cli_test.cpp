@@ -309,6 +309,13 @@ BOOST_AUTO_TEST_CASE(validate_checks_the_stack_that_arbiter_config_makes) {
   r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + a + ":" + a + bin);
   BOOST_TEST(r.exit_code == 1, r.output);
   BOOST_TEST(contains(r.output, "has no oneshot_max_total"), r.output);
+  // Said once (from the stack), not again from each file alone.
+  std::ofstream(b) << "format: 1\nbogus: 1\n";
+  r = run_command("env -u ARBITER_BACKENDS ARBITER_CONFIG=" + b + ":" + a + bin);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  const std::string said = "unknown key 'bogus'";
+  BOOST_TEST(r.output.find(said) != std::string::npos, r.output);
+  BOOST_TEST(r.output.find(said) == r.output.rfind(said), r.output);
   BOOST_TEST(contains(r.output, "error: this environment's tables do not load"), r.output);
   std::remove(a.c_str());
   std::remove(b.c_str());
@@ -413,6 +420,18 @@ BOOST_AUTO_TEST_CASE(diff_sees_every_topology_and_calls_of_fewer_tokens_than_ran
     BOOST_TEST(r.exit_code == 1, c.yaml << r.output);
     BOOST_TEST(contains(r.output, std::string(c.heading)), r.output);
     BOOST_TEST(contains(r.output, std::string(c.change)), r.output);
+  }
+  // Each line's reason is its own: merged on the choice alone, the sizes
+  // above the default cap (64 MiB) were labelled "no eligible fused backend".
+  std::ofstream(site) << "format: 1\nbackends:\n  mnnvl: {needs_nvlink: false, needs_multicast: "
+                         "false}\nfusion:\n  - {capability: 90, world_size: 2, max: 128}\n";
+  {
+    const CommandResult reasons = run_arbiter("diff preset:default " + site);
+    BOOST_TEST(contains(reasons.output,
+                        "    512 KiB < bytes <= 64 MiB: nccl native unfused (no eligible fused "
+                        "backend)  ->  mnnvl twoshot fused\n    64 MiB < bytes <= 128 MiB: nccl "
+                        "native unfused (above the cap)  ->  mnnvl twoshot fused\n"),
+               reasons.output);
   }
   // Where multicast without NVLink decides as no NVLink does, it is not
   // listed again.

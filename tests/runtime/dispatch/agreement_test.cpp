@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(a_search_path_entry_that_cannot_be_searched_refuses_creatio
     arbiter::Communicator comm(oob, arbiter::Policy::load_or_throw({}), r == 1 ? typo : full,
                                gpu_options(r));
   });
-  BOOST_TEST(contains(errors[0], "rank 1 cannot search its plugin path"), errors[0]);
+  BOOST_TEST(contains(errors[0], "rank 1 cannot search its plugin search path"), errors[0]);
   BOOST_TEST(contains(errors[1],
                       "DiscoverOptions::search_path entry '" + std::string(ARBITER_RECORDING_DIR) +
                           "/no-such-folder': No such file or directory (fix the entry or remove "

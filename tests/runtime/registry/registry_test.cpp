@@ -154,12 +154,12 @@ BOOST_AUTO_TEST_CASE(broken_modules_are_recorded_with_the_reason) {
   BOOST_TEST(has(m.at("libarbiter-cpu_answer.so").reason,
                  "probe answered for a CPU when asked about a GPU rank"),
              m.at("libarbiter-cpu_answer.so").reason);
-  // A probe that throws costs its module only: the others were loaded.
   // A device kind that names none was reported as "answered for a GPU when
   // asked about a GPU".
   BOOST_TEST(has(m.at("libarbiter-odd_kind.so").reason,
                  "probe answered caps.device_kind 77, which names no device kind"),
              m.at("libarbiter-odd_kind.so").reason);
+  // A probe that throws costs its module only: the others were loaded.
   BOOST_TEST(has(m.at("libarbiter-probe_throws.so").reason, "probe threw a C++ exception"),
              m.at("libarbiter-probe_throws.so").reason);
   BOOST_TEST(m.at("libarbiter-good.so").available);
