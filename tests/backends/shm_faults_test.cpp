@@ -571,8 +571,10 @@ const Mismatch kMismatches[] = {
      "in pattern: "},
     {"weight_bias 0 vs 1 (Gemma)", ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, 4,
      [](arbiter_allreduce_args& a, Call&) { a.weight_bias = 1.0f; }, "in weight_bias: "},
-    {"norm_out given vs not", ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, 4,
-     [](arbiter_allreduce_args& a, Call&) { a.norm_out = nullptr; }, "in the buffers given: "},
+    // (Not norm_out: residual_rmsnorm requires it, and a rank without it
+    // refuses its call alone, as the GPU modules do.)
+    {"residual_out given vs not", ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_TWOSHOT, 4,
+     [](arbiter_allreduce_args& a, Call&) { a.residual_out = nullptr; }, "in the buffers given: "},
     {"allreduce_out given vs not", ARBITER_PATTERN_RESIDUAL_RMSNORM, ARBITER_ALGORITHM_ONESHOT, 4,
      [](arbiter_allreduce_args& a, Call& c) { a.allreduce_out = c.allreduce_out.data(); },
      "in the buffers given: "},

@@ -125,7 +125,8 @@ struct Variant {
 constexpr Variant kVariants[] = {
     {ARBITER_PATTERN_ALLREDUCE, true, false, 0.0f},
     {ARBITER_PATTERN_RESIDUAL_RMSNORM, false, true, 0.0f},
-    {ARBITER_PATTERN_RESIDUAL_RMSNORM, false, false, 1.0f},  // residual_out only, Gemma
+    // Gemma, with the sum too (norm_out is required: arbiter_backend.h).
+    {ARBITER_PATTERN_RESIDUAL_RMSNORM, true, true, 1.0f},
     {ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8, true, true, 0.0f},
     {ARBITER_PATTERN_RESIDUAL_RMSNORM_FP8, false, false, 1.0f},
 };
