@@ -161,8 +161,8 @@ def check(comm, code: int, x, residual, weight, scale, outs: tuple, eps, weight_
     try:
         shape = x.shape
     except (AttributeError, RuntimeError):  # not a tensor; a nested tensor has no sizes
-        raise _invalid(f"x: a {'nested tensor' if getattr(x, 'is_nested', False) else type(x).__name__}; "
-                       "pass a (tokens, hidden) torch tensor") from None
+        kind = "nested tensor" if getattr(x, "is_nested", False) else type(x).__name__
+        raise _invalid(f"x: a {kind}; pass a (tokens, hidden) torch tensor") from None
     if len(shape) != 2:
         raise _invalid(f"x: shape {tuple(shape)}; expected (tokens, hidden={hidden})")
     tokens = shape[0]

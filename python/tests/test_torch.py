@@ -153,8 +153,9 @@ def test_a_write_bumps_the_version_so_backward_refuses_what_it_saved_before(comm
         if how == "eager":
             comm.allreduce_fusion(x, residual, weight, out={"norm_out": x})
         else:
-            torch.ops.arbiter.allreduce_fusion(comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM),
-                                               x, residual, weight, None, residual, x)
+            torch.ops.arbiter.allreduce_fusion(
+                comm.op_handle, int(arbiter.Pattern.RESIDUAL_RMSNORM), x, residual, weight, None,
+                residual, x)
         assert x._version > before, how
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
