@@ -80,20 +80,46 @@ struct FdMessage {
   FdMessage& operator=(const FdMessage&) = delete;
 };
 
-// Serves `fd` to `clients` connections: each sends its rank, gets the fd.
-Status serve(int listener, int fd, int clients, Clock::time_point deadline) {
-  for (int served = 0; served < clients; ++served) {
+// What a client sends first: its rank, and the exchange's secret. The
+// socket's abstract name is visible to every local process
+// (/proc/net/unix), the secret only to the job (it travels over the oob):
+// without it nobody gets the handle, which maps the workspace's memory.
+struct Request {
+  std::int32_t rank;
+  std::uint32_t pad;
+  std::uint64_t secret[2];
+};
+
+// Serves `fd` to every rank in `expected`: each sends a Request, gets the
+// fd. A connection without the secret, or for a rank served already or not
+// expected, is closed and does not count; so is one that says nothing
+// within a second (a stranger cannot hold the exchange up).
+Status serve(int listener, int fd, std::vector<bool> expected, const std::uint64_t (&secret)[2],
+             Clock::time_point deadline) {
+  auto missing = [&] {
+    std::string ranks;
+    for (std::size_t r = 0; r < expected.size(); ++r) {
+      if (expected[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return ranks;
+  };
+  for (;;) {
+    if (missing().empty()) return Status();
     if (!wait_for(listener, POLLIN, deadline)) {
-      return Status(ARBITER_TIMEOUT, "fd exchange: " + std::to_string(clients - served) +
-                                         " rank(s) never connected to fetch the handle");
+      return Status(ARBITER_TIMEOUT,
+                    "fd exchange: rank(s) " + missing() + " never connected to fetch the handle");
     }
     Socket conn(accept(listener, nullptr, nullptr));
     if (conn.get() < 0) return Status(ARBITER_INTERNAL, errno_text("fd exchange: accept"));
-    std::int32_t rank = -1;
-    if (!wait_for(conn.get(), POLLIN, deadline) ||
-        recv(conn.get(), &rank, sizeof rank, MSG_WAITALL) != sizeof rank) {
-      return Status(ARBITER_TIMEOUT, "fd exchange: a peer connected but sent no rank");
+    Request request{};
+    const Clock::time_point patience = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    if (!wait_for(conn.get(), POLLIN, patience) ||
+        recv(conn.get(), &request, sizeof request, MSG_WAITALL) != sizeof request ||
+        request.secret[0] != secret[0] || request.secret[1] != secret[1] || request.rank < 0 ||
+        static_cast<std::size_t>(request.rank) >= expected.size() || !expected[request.rank]) {
+      continue;  // not one of this exchange's ranks, or one served already
     }
+    const std::int32_t rank = request.rank;
     FdMessage message;
     message.byte = 'f';
     cmsghdr* c = CMSG_FIRSTHDR(&message.header);
@@ -105,11 +131,12 @@ Status serve(int listener, int fd, int clients, Clock::time_point deadline) {
       return Status(ARBITER_INTERNAL,
                     errno_text("fd exchange: sendmsg") + " (to rank " + std::to_string(rank) + ")");
     }
+    expected[rank] = false;
   }
-  return Status();
 }
 
-Status fetch(std::uint64_t nonce, int me, int rank, int* out, Clock::time_point deadline) {
+Status fetch(std::uint64_t nonce, const std::uint64_t (&secret)[2], int me, int rank, int* out,
+             Clock::time_point deadline) {
   socklen_t length = 0;
   const sockaddr_un a = address_of(nonce, rank, &length);
   Socket s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -122,8 +149,8 @@ Status fetch(std::uint64_t nonce, int me, int rank, int* out, Clock::time_point 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  const std::int32_t mine = me;
-  if (send(s.get(), &mine, sizeof mine, MSG_NOSIGNAL) != sizeof mine) {
+  const Request request{me, 0, {secret[0], secret[1]}};
+  if (send(s.get(), &request, sizeof request, MSG_NOSIGNAL) != sizeof request) {
     return Status(ARBITER_INTERNAL, errno_text("fd exchange: send"));
   }
   FdMessage message;
@@ -151,15 +178,20 @@ Status exchange_fds(const arbiter_oob& oob, int fd, std::vector<int>* received,
   const auto deadline =
       common::deadline_after<Clock>(timeout_ms > 0 ? timeout_ms : 24LL * 3600 * 1000);
 
-  // Who offers a handle, and a nonce for this exchange's socket names.
+  // Who offers a handle; from rank 0, a nonce for this exchange's socket
+  // names and the secret a client must present.
   struct Offer {
     std::int32_t offers;
     std::uint32_t pad;
     std::uint64_t nonce;
-  } mine{fd >= 0 ? 1 : 0, 0, 0};
+    std::uint64_t secret[2];
+  } mine{fd >= 0 ? 1 : 0, 0, 0, {0, 0}};
   if (me == 0) {
     std::random_device random;
-    mine.nonce = (std::uint64_t{random()} << 32) ^ random();
+    auto draw = [&] { return (std::uint64_t{random()} << 32) ^ random(); };
+    mine.nonce = draw();
+    mine.secret[0] = draw();
+    mine.secret[1] = draw();
   }
   std::vector<Offer> offers(size);
   if (const std::int32_t rc = oob.allgather(oob.ctx, &mine, offers.data(), sizeof mine, timeout_ms);
@@ -167,6 +199,7 @@ Status exchange_fds(const arbiter_oob& oob, int fd, std::vector<int>* received,
     return common::exchange_failed(oob, "allgather", rc);
   }
   const std::uint64_t nonce = offers[0].nonce;
+  const std::uint64_t(&secret)[2] = offers[0].secret;
 
   // Listen before anyone connects (the barrier below).
   Socket listener(fd >= 0 ? socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1);
@@ -195,12 +228,15 @@ Status exchange_fds(const arbiter_oob& oob, int fd, std::vector<int>* received,
   Status served;
   std::thread server;
   if (fd >= 0) {
-    server = std::thread([&] { served = serve(listener.get(), fd, size - 1, deadline); });
+    std::vector<bool> expected(size, true);
+    expected[me] = false;
+    server = std::thread(
+        [&, expected] { served = serve(listener.get(), fd, expected, secret, deadline); });
   }
   Status fetched;
   for (int r = 0; r < size && fetched.ok(); ++r) {
     if (r == me || offers[r].offers == 0) continue;
-    fetched = fetch(nonce, me, r, &(*received)[r], deadline);
+    fetched = fetch(nonce, secret, me, r, &(*received)[r], deadline);
   }
   if (server.joinable()) server.join();
   Status outcome = !fetched.ok() ? fetched : served;
