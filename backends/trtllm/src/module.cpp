@@ -104,7 +104,19 @@ struct Module {
 
   static Status alloc_registered(arbiter_workspace& ws, std::uint64_t bytes, void** local) {
     if (ws.abort.raised()) return common::aborted_call();
-    return ws.registered.allocate(RegisteredGroup{&ws, ws.same_process}, bytes, local);
+    const Status status =
+        ws.registered.allocate(RegisteredGroup{&ws, ws.same_process}, bytes, local);
+    if (status.code() == ARBITER_TIMEOUT && ws.abort.raised()) {
+      // abort() came while the exchange waited: the peers refused their
+      // allocation at once because of it (as shm's does), so what failed is
+      // this rank's own abort, not a peer.
+      return Status(ARBITER_ABORTED,
+                    "trtllm alloc: aborted (abort() was called on this rank while this "
+                    "allocation waited for its peers, which then refused theirs; an allocation "
+                    "in progress is not cut short, so it returned at its deadline): " +
+                        status.message());
+    }
+    return status;
   }
 
   static Status free_registered(arbiter_workspace& ws, void* local) {

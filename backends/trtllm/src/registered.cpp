@@ -81,6 +81,10 @@ Status map_part(const RegisteredGroup& group, const AllocHello& hello, std::uint
 
 Status RegisteredMemory::allocate(const RegisteredGroup& group, std::uint64_t bytes, void** local) {
   *local = nullptr;
+  // Room for the record first: once every rank has mapped every part, no
+  // push_back below may fail on one rank alone (its list, and the serials,
+  // would no longer line up with its peers').
+  allocations_.reserve(allocations_.size() + 1);
   const common::FusedRank& me = *group.rank;
   const arbiter_oob& oob = me.oob;
   AllocHello mine{};

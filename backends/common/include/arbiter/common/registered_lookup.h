@@ -38,7 +38,8 @@ const Allocation* find_registered(const std::vector<Allocation>& allocations, co
   }
   why =
       "the input is not in memory registered with this workspace (allocate it with this "
-      "communicator's empty()/alloc, or make an unregistered call)";
+      "communicator: arbiter_comm_alloc, alloc_registered(), Python's empty(); or make an "
+      "unregistered call)";
   return nullptr;
 }
 
