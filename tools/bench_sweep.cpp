@@ -127,6 +127,21 @@ Settings read_settings(const po::variables_map& vm) {
   s.hidden = count_list("hidden", vm["hidden"].as<std::string>());
   s.dtypes = name_list<Dtype>("dtype", vm["dtype"].as<std::string>(), parse_dtype);
   s.patterns = name_list<Pattern>("pattern", vm["pattern"].as<std::string>(), parse_pattern);
+  // A size sweep measures whole tokens, none above TO: a shape whose one
+  // token is larger has nothing to measure (it measured one token anyway).
+  if (s.sizes) {
+    for (Dtype dtype : s.dtypes) {
+      for (std::uint32_t hidden : s.hidden) {
+        const std::uint64_t row = Request::message_bytes_of(1, hidden, dtype);
+        if (row > s.sizes->second) {
+          throw UsageError{"--sizes: up to " + format_size(s.sizes->second) +
+                           ", but one token of hidden " + std::to_string(hidden) + " " +
+                           std::string(dtype_name(dtype)) + " is " + format_size(row) +
+                           "; raise TO, or measure a smaller hidden size"};
+        }
+      }
+    }
+  }
   s.residual_replicated = vm["residual-replicated"].as<bool>();
   if (s.residual_replicated && std::all_of(s.patterns.begin(), s.patterns.end(),
                                            [](Pattern p) { return p == Pattern::kAllreduce; })) {
@@ -197,7 +212,7 @@ std::vector<Point> make_sweep(const Settings& s) {
           tokens.clear();
           for (std::uint64_t b = s.sizes->first; b <= s.sizes->second; b *= 2) {
             const std::uint64_t t = std::max<std::uint64_t>(1, (b + row / 2) / row);
-            if (t > (1u << 30)) break;
+            if (t > (1u << 30) || t * row > s.sizes->second) break;  // none above TO
             if (tokens.empty() || tokens.back() != t)
               tokens.push_back(static_cast<std::uint32_t>(t));
           }

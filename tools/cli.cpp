@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "arbiter/size.h"
@@ -154,6 +155,16 @@ void add_request_options(po::options_description& desc, RequestKind kind) {
         "per-rank message size: 524288, 512KiB, 64MiB (a plain number is bytes)");
     add("tokens", po::value<Count>(), "tokens in the call (with --hidden)");
     add("hidden", po::value<Count>(), "hidden size (with --tokens)");
+  }
+}
+
+void refuse_output_over_input(const std::string& output, const std::vector<std::string>& inputs) {
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(output, input, ec)) {
+      throw UsageError{"-o " + output + " is the input " + input +
+                       ": writing it would replace the results it is made from; write elsewhere"};
+    }
   }
 }
 

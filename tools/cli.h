@@ -79,6 +79,10 @@ std::string describe_topology(const Request& r, const std::string& patterns = ""
 // Parses a size flag; a plain number is bytes. Throws UsageError.
 std::uint64_t size_flag(const std::string& flag, const std::string& text);
 
+// UsageError when `output` is one of `inputs` (the same file by any path):
+// written first, it would replace the measurements it is made from.
+void refuse_output_over_input(const std::string& output, const std::vector<std::string>& inputs);
+
 // "mnnvl twoshot fused (cap 64 MiB)" or "nccl native unfused (above cap)".
 std::string decision_summary(const Decision& d);
 

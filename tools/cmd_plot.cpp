@@ -40,6 +40,7 @@ int cmd_plot(const Args& args) {
   if (!vm.count("output")) throw UsageError{"give the SVG file to write: -o chart.svg"};
   const std::string output = vm["output"].as<std::string>();
 
+  refuse_output_over_input(output, vm["file"].as<std::vector<std::string>>());
   const ResultsSet set = read_all_results(vm["file"].as<std::vector<std::string>>());
   for (const std::string& note : set.notes) std::cerr << note << "\n";
   for (const Diagnostic& d : set.errors) std::cerr << d.to_string() << "\n";

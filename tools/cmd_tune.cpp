@@ -220,6 +220,7 @@ int cmd_tune(const Args& args) {
   const TopologyFlags topology{vm["nvlink-domain"].as<bool>(), vm["multicast"].as<bool>()};
   std::ostream& out = output.empty() ? std::cerr : std::cout;
 
+  if (!output.empty()) refuse_output_over_input(output, vm["file"].as<std::vector<std::string>>());
   const ResultsSet set = read_all_results(vm["file"].as<std::vector<std::string>>());
   for (const std::string& note : set.notes) std::cerr << note << "\n";
   for (const Diagnostic& d : set.errors) std::cerr << d.to_string() << "\n";

@@ -69,6 +69,25 @@ BOOST_AUTO_TEST_CASE(residual_replicated_with_allreduce_alone_is_a_usage_error) 
   }
 }
 
+// A size sweep measures no size above TO: one token of hidden 4096 bf16 is
+// 8 KiB, so --sizes 1KiB:2KiB measured 8 KiB, and rounding to the nearest
+// token count went past TO too.
+BOOST_AUTO_TEST_CASE(a_size_sweep_measures_nothing_above_its_end) {
+  try {
+    (void)settings_of({"--sizes", "1KiB:2KiB"});
+    BOOST_FAIL("accepted");
+  } catch (const UsageError& e) {
+    BOOST_TEST(e.message.starts_with("--sizes: up to 2 KiB, but one token of hidden 4096 bf16 is "
+                                     "8 KiB"),
+               e.message);
+  }
+  Settings s = settings_of({"--sizes", "8KiB:40KiB", "--hidden", "3072,4096", "--dtype", "fp32"});
+  resolve(s, DeviceKind::kCpu);
+  const std::vector<Point> points = make_sweep(s);
+  BOOST_TEST(!points.empty());
+  for (const Point& p : points) BOOST_TEST(p.bytes <= 40u * 1024, p.hidden << " x " << p.tokens);
+}
+
 // --registered measures every option a second time with registered buffers:
 // the same options in the same order, then their twins, each labelled so.
 BOOST_AUTO_TEST_CASE(registered_adds_a_registered_twin_of_every_option) {

@@ -160,6 +160,35 @@ BOOST_AUTO_TEST_CASE(arbiter_backends_narrows_the_current_tables) {
       r.output);
 }
 
+// -o naming an input replaced the measurements with the overlay (tune) or
+// the chart (plot), with success.
+BOOST_AUTO_TEST_CASE(an_output_that_is_an_input_is_refused_and_the_input_kept) {
+  Scratch s;
+  const std::string input = s.path("results.csv");
+  fs::copy_file(data_path("tune/crossover.csv"), input);
+  const auto before = fs::file_size(input);
+  for (const char* command : {"tune ", "plot "}) {
+    const CommandResult r = run_arbiter(std::string(command) + input + " -o " + input);
+    BOOST_TEST(r.exit_code == 2, r.output);
+    BOOST_TEST(contains(r.output, "is the input"), r.output);
+    BOOST_TEST(fs::file_size(input) == before);
+  }
+}
+
+// A header that repeats a column: each row's field count was compared with
+// the header's distinct names, so every row was said to have one too many.
+BOOST_AUTO_TEST_CASE(a_repeated_header_column_is_the_only_error) {
+  Scratch s;
+  const std::string file = s.path("repeated.csv");
+  std::ofstream(file) << "capability,world_size,nodes,dtype,hidden,num_tokens,bytes,pattern,"
+                         "backend,algorithm,fused,latency_us,latency_us\n"
+                         "90,2,1,bf16,4096,1,8192,residual_rmsnorm,nccl,native,0,10,10\n";
+  const CommandResult r = run_arbiter("tune " + file);
+  BOOST_TEST(r.exit_code == 1, r.output);
+  BOOST_TEST(contains(r.output, "column latency_us appears twice"), r.output);
+  BOOST_TEST(!contains(r.output, "the row has"), r.output);
+}
+
 BOOST_AUTO_TEST_CASE(refused_results_exit_1_name_the_rows_and_write_nothing) {
   Scratch s;
   struct Case {

@@ -377,9 +377,11 @@ ReadResult parse_results(const std::string& name, std::string_view text) {
   // The header: the first record.
   std::map<std::string, int> cols;
   std::uint32_t header_line = 0;
+  std::size_t header_fields = 0;  // unnamed and repeated columns too
   while (reader.next(record, file.provenance, errors)) {
     if (record.fields.empty()) continue;  // a malformed line, already reported
     header_line = record.line;
+    header_fields = record.fields.size();
     for (std::size_t i = 0; i < record.fields.size(); ++i) {
       const std::string& column = record.fields[i];
       if (column.empty()) {
@@ -420,10 +422,10 @@ ReadResult parse_results(const std::string& name, std::string_view text) {
   // Comments may follow the header too (a bench notes as it goes).
   while (errors.size() < kMaxErrors && reader.next(record, file.provenance, errors)) {
     if (record.fields.empty()) continue;
-    if (record.fields.size() != cols.size()) {
+    if (record.fields.size() != header_fields) {
       errors.push_back({Severity::kError, name, record.line, 0,
                         "the row has " + std::to_string(record.fields.size()) +
-                            " fields; the header has " + std::to_string(cols.size()),
+                            " fields; the header has " + std::to_string(header_fields),
                         ""});
       continue;
     }
