@@ -13,6 +13,7 @@
 #include "algorithms.h"
 #include "arbiter/common/call_checks.h"
 #include "arbiter/common/call_signature.h"
+#include "arbiter/common/collective.h"
 #include "arbiter/common/names.h"
 #include "arbiter/common/numeric.h"
 #include "arbiter/common/rmsnorm.h"
@@ -427,14 +428,7 @@ std::int32_t alloc_registered(arbiter_workspace* handle, std::uint64_t bytes, vo
     const Status status =
         workspace.registered.allocate(*workspace.oob, workspace.timeout_ms(), bytes, local);
     if (status.code() == ARBITER_TIMEOUT && workspace.aborted()) {
-      // abort() came while the exchanges waited: the peers refused their
-      // allocation at once because of it, so what failed here is this
-      // rank's own abort, not a peer.
-      return {ARBITER_ABORTED,
-              "shm alloc: aborted (abort() was called on this rank while this allocation waited "
-              "for its peers, which then refused theirs; an allocation in progress is not cut "
-              "short, so it returned at its deadline): " +
-                  status.message()};
+      return common::aborted_while_exchanging("shm", status);
     }
     return status;
   });

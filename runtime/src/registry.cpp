@@ -357,9 +357,8 @@ Registry Registry::discover(const DiscoverOptions& options) {
       continue;
     }
     if (st.type() != fs::file_type::directory) {
-      refuse(ec                                      ? ec.message()
-             : st.type() == fs::file_type::not_found ? "does not exist"
-                                                     : "is neither a folder nor a module file");
+      // A missing entry sets ec too ("No such file or directory").
+      refuse(ec ? ec.message() : "is neither a folder nor a module file");
       continue;
     }
     std::vector<fs::path> files;

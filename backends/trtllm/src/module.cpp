@@ -16,6 +16,7 @@
 #include <string>
 
 #include "arbiter/common/abi_entry.h"
+#include "arbiter/common/collective.h"
 #include "arbiter/common/fault_injection.h"
 #include "arbiter/common/fused_module.h"
 #include "arbiter/common/status.h"
@@ -107,14 +108,7 @@ struct Module {
     const Status status =
         ws.registered.allocate(RegisteredGroup{&ws, ws.same_process}, bytes, local);
     if (status.code() == ARBITER_TIMEOUT && ws.abort.raised()) {
-      // abort() came while the exchange waited: the peers refused their
-      // allocation at once because of it (as shm's does), so what failed is
-      // this rank's own abort, not a peer.
-      return Status(ARBITER_ABORTED,
-                    "trtllm alloc: aborted (abort() was called on this rank while this "
-                    "allocation waited for its peers, which then refused theirs; an allocation "
-                    "in progress is not cut short, so it returned at its deadline): " +
-                        status.message());
+      return common::aborted_while_exchanging("trtllm", status);
     }
     return status;
   }

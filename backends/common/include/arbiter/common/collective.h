@@ -56,6 +56,18 @@ inline Status exchange_failed(const arbiter_oob& oob, const char* what, std::int
                 std::string("oob ") + what + " failed: " + (m != nullptr ? m : "(no message)"));
 }
 
+// An allocation that failed while this rank's own abort() was raised: the
+// peers refused theirs at once because of that abort, so its exchange timed
+// out on them. The abort is what failed, not a peer. `module`: "shm", ...
+inline Status aborted_while_exchanging(const char* module, const Status& failed) {
+  return Status(ARBITER_ABORTED,
+                std::string(module) +
+                    " alloc: aborted (abort() was called on this rank while this allocation "
+                    "waited for its peers, which then refused theirs; an allocation in progress "
+                    "is not cut short, so it returned at its deadline): " +
+                    failed.message());
+}
+
 // The first round of a collective creation: every rank all-gathers its
 // record (status and reason filled from `local` here) and all reach the same
 // verdict. *all holds every rank's record afterwards.
